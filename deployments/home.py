@@ -1,0 +1,50 @@
+"""Where SpecPilot keeps its state (ARCHITECTURE §3).
+
+`SPECPILOT_HOME` (default `./.specpilot`, like `.git`) holds the database, workspaces, runs,
+transcripts and the cache. `SPECPILOT_CACHE` may point the cache elsewhere so several homes
+(test homes, worktrees) share converted weights and downloaded workload files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Home:
+    root: Path
+
+    @classmethod
+    def resolve(cls, root: str | Path | None = None) -> Home:
+        """The home named explicitly, else by SPECPILOT_HOME, else ./.specpilot."""
+        chosen = root if root is not None else os.environ.get("SPECPILOT_HOME", ".specpilot")
+        return cls(Path(chosen).expanduser().resolve())
+
+    @property
+    def cache(self) -> Path:
+        env = os.environ.get("SPECPILOT_CACHE")
+        return Path(env).expanduser().resolve() if env else self.root / "cache"
+
+    @property
+    def workspaces(self) -> Path:
+        return self.root / "workspaces"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def transcripts(self) -> Path:
+        return self.root / "transcripts"
+
+    @property
+    def deployments(self) -> Path:
+        """User deployment specs; a file here shadows a shipped spec of the same name."""
+        return self.root / "deployments"
+
+    @property
+    def db_url(self) -> str:
+        """SPECPILOT_DB_URL (e.g. a PostgreSQL URL shared by a team), else SQLite in the home."""
+        return os.environ.get("SPECPILOT_DB_URL") or f"sqlite:///{self.root / 'specpilot.db'}"

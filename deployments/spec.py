@@ -1,0 +1,188 @@
+"""Deployment specs: one TOML file per deployment, loaded into pydantic models (ARCHITECTURE §11).
+
+A deployment fixes everything a measurement depends on: engine and stock tree, target, drafter,
+device kind and slots, serving shape, workload and precision. Unknown fields are errors, so a
+typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import SpecPilotError
+
+SLOT_RE = re.compile(r"^(cpu|cuda):(\d+)$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Arch(_Strict):
+    """Target shapes the cost model computes bytes and FLOPs from."""
+
+    layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    intermediate: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    vocab: int = Field(gt=0)
+    tied_embeddings: bool = False
+    # Hybrid targets: this many of `layers` are Gated DeltaNet (recurrent state) layers.
+    gdn_layers: int = Field(default=0, ge=0)
+    gdn_key_heads: int = Field(default=0, ge=0)
+    gdn_value_heads: int = Field(default=0, ge=0)
+    gdn_head_dim: int = Field(default=0, ge=0)
+    sliding_window: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _gdn_consistent(self) -> Arch:
+        if self.gdn_layers > self.layers:
+            raise ValueError(f"gdn_layers ({self.gdn_layers}) exceeds layers ({self.layers})")
+        if self.gdn_layers and not (self.gdn_key_heads and self.gdn_value_heads and self.gdn_head_dim):
+            raise ValueError("gdn_layers > 0 needs gdn_key_heads, gdn_value_heads and gdn_head_dim")
+        return self
+
+
+class Stock(_Strict):
+    """The pristine tree every system of this deployment descends from."""
+
+    tree: str | None = None  # a built-in stock tree under deployments/stock/ (refspec)
+    wheel: str | None = None  # a pinned wheel unpacked as the stock tree (sglang==0.5.20)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Stock:
+        if (self.tree is None) == (self.wheel is None):
+            raise ValueError("set exactly one of `tree` (built-in stock tree) or `wheel` (pinned wheel)")
+        return self
+
+
+class Target(_Strict):
+    model: str  # refspec: a built-in model name or an HF folder; sglang: an HF id or local path
+    dtype: Literal["float32", "bfloat16", "float16", "fp8"] = "bfloat16"
+    arch: Arch
+
+
+class Drafter(_Strict):
+    kind: Literal["ngram", "dflash2", "dspark", "eagle3"]
+    model: str | None = None
+    block_size: int = Field(default=8, ge=1, le=64)  # draft positions m per step
+    top_k: int = Field(default=16, ge=1, le=64)  # candidates per position in the lattice
+    params: int = Field(default=0, ge=0)  # drafter weights, for the cost model's drafter class
+
+
+class Devices(_Strict):
+    kind: Literal["cpu", "h100", "h200", "rtx-pro-6000"]
+    slots: list[str] = Field(min_length=1)
+
+    @field_validator("slots")
+    @classmethod
+    def _slots(cls, slots: list[str]) -> list[str]:
+        for slot in slots:
+            if not SLOT_RE.match(slot):
+                raise ValueError(f"slot {slot!r} is not of the form 'cpu:N' or 'cuda:N'")
+        if len(set(slots)) != len(slots):
+            raise ValueError("slots must be distinct")
+        return slots
+
+    @model_validator(mode="after")
+    def _slot_kind(self) -> Devices:
+        want = "cpu" if self.kind == "cpu" else "cuda"
+        wrong = [s for s in self.slots if not s.startswith(want + ":")]
+        if wrong:
+            raise ValueError(f"device kind {self.kind!r} needs '{want}:N' slots, got {wrong}")
+        return self
+
+
+class Serving(_Strict):
+    shape: Literal["single", "batch"] = "single"
+    batch_sizes: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [1], min_length=1)
+
+    @model_validator(mode="after")
+    def _single_is_one(self) -> Serving:
+        if self.shape == "single" and self.batch_sizes != [1]:
+            raise ValueError("shape 'single' serves one request at a time: batch_sizes must be [1]")
+        return self
+
+
+class Workload(_Strict):
+    sets: dict[str, Annotated[int, Field(gt=0)]] = Field(min_length=1)  # benchmark set -> samples
+    seed: int = 0
+    max_new_tokens: int = Field(default=128, gt=0)
+    system_prompt: str | None = None
+    thinking: bool = False
+
+
+class ControllerSettings(_Strict):
+    protected: list[str] = Field(default_factory=list)  # paths a candidate diff may not touch
+    min_gain: float = Field(default=0.01, ge=0)  # approval: lower bound > min_gain + 2σ
+    output_change_gain: float = Field(default=0.03, ge=0)  # ... when the output tokens change
+    blocks: int = Field(default=5, ge=1)
+    warmup_requests: int = Field(default=1, ge=0)
+
+
+class Deployment(_Strict):
+    name: str
+    description: str
+    engine: Literal["refspec", "sglang"]
+    stock: Stock
+    target: Target
+    drafter: Drafter
+    devices: Devices
+    serving: Serving = Serving()
+    workload: Workload
+    controller: ControllerSettings = ControllerSettings()
+    # Engine launch flags passed through verbatim (e.g. sglang's --attention-backend).
+    engine_flags: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not NAME_RE.match(name):
+            raise ValueError("use lowercase letters, digits, '.', '_' and '-'")
+        return name
+
+    @model_validator(mode="after")
+    def _engine_stock(self) -> Deployment:
+        if self.engine == "refspec" and self.stock.tree is None:
+            raise ValueError("engine 'refspec' runs a built-in stock tree: set stock.tree = 'refspec'")
+        if self.engine == "sglang" and self.stock.wheel is None:
+            raise ValueError("engine 'sglang' needs a pinned wheel: set stock.wheel = 'sglang==X.Y.Z'")
+        return self
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check its spelling against `specpilot deployments show smollm-cpu`)"
+        elif e["type"] == "missing":
+            msg = "missing required field"
+        parts.append(f"field `{field}`: {msg}")
+    return "; ".join(parts)
+
+
+def load_deployment_file(path: Path) -> Deployment:
+    """Load and validate one TOML file; any problem is one SpecPilotError naming file and field."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecPilotError(f"{path}: no such deployment file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecPilotError(f"{path}: TOML syntax error: {e}") from None
+    try:
+        dep = Deployment.model_validate(data)
+    except ValidationError as e:
+        raise SpecPilotError(f"{path}: {_describe(e)}") from None
+    if path.suffix == ".toml" and path.stem != dep.name:
+        raise SpecPilotError(f"{path}: field `name`: {dep.name!r} must match the file name {path.stem!r}")
+    return dep

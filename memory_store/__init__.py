@@ -1,0 +1,1 @@
+"""specpilot.memory_store"""

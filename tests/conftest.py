@@ -1,0 +1,36 @@
+"""Shared test setup: one weights/workload cache for the whole run, a fresh home per test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Converted weights and downloaded workload files are reused across tests and runs.
+os.environ.setdefault("SPECPILOT_CACHE", str(REPO / ".specpilot" / "cache"))
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh SPECPILOT_HOME (the cache stays shared through SPECPILOT_CACHE)."""
+    path = tmp_path / "home"
+    monkeypatch.setenv("SPECPILOT_HOME", str(path))
+    return path
+
+
+def run_cli(*args: str, home: Path | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the installed `specpilot` console script in a real subprocess."""
+    env = dict(os.environ)
+    if home is not None:
+        env["SPECPILOT_HOME"] = str(home)
+    exe = Path(sys.executable).parent / "specpilot"
+    proc = subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"specpilot {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc

@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specpilot.deployments import (
+    Deployment,
+    SpecPilotError,
+    deployment_files,
+    load_deployment,
+    load_deployment_file,
+)
+from specpilot.deployments.home import Home
+from specpilot.deployments.registry import SHIPPED
+
+PAPER = {
+    "qwen27b-h100",
+    "qwen27b-h100-fp8-batch",
+    "qwen4b-h100-batch",
+    "gemma12b-h100-eagle3",
+    "muse30b-h100",
+    "qwen27b-rtx6000",
+}
+
+
+def test_every_shipped_spec_loads_and_is_named_after_its_file():
+    files = deployment_files()
+    assert {"smollm-cpu", "smollm-h200"} | PAPER <= set(files)
+    for name in files:
+        dep = load_deployment(name)
+        assert dep.name == name
+
+
+def test_embedded_default_is_refspec_on_two_cpu_slots():
+    dep = load_deployment("smollm-cpu")
+    assert (dep.engine, dep.stock.tree, dep.drafter.kind) == ("refspec", "refspec", "ngram")
+    assert dep.devices.slots == ["cpu:0", "cpu:1"]
+    assert dep.serving.shape == "single"
+    assert dep.target.arch.vocab == 49152
+
+
+def test_paper_shapes_match_the_gemms_it_times():
+    a = load_deployment("qwen27b-h100").target.arch
+    # qkv 10240x5120, o 5120x8192, gate_up 34816x5120, down 5120x17408 (shared/anchors)
+    assert (a.heads + 2 * a.kv_heads) * a.head_dim == 10240
+    assert a.heads * a.head_dim == 8192
+    assert 2 * a.intermediate == 34816
+    assert (a.layers, a.gdn_layers, a.vocab) == (64, 48, 248320)
+    assert load_deployment("qwen27b-h100-fp8-batch").serving.batch_sizes == [16, 24]
+
+
+def _write(tmp: Path, name: str, text: str) -> Path:
+    p = tmp / f"{name}.toml"
+    p.write_text(text)
+    return p
+
+
+def _base_text() -> str:
+    return (SHIPPED / "smollm-cpu.toml").read_text()
+
+
+def test_syntax_error_names_the_file(tmp_path):
+    p = _write(tmp_path, "smollm-cpu", _base_text() + "\n[broken\n")
+    with pytest.raises(SpecPilotError, match=r"smollm-cpu\.toml: TOML syntax error"):
+        load_deployment_file(p)
+
+
+def test_mistyped_field_is_named(tmp_path):
+    p = _write(tmp_path, "smollm-cpu", _base_text().replace("block_size = 8", "blok_size = 8"))
+    with pytest.raises(SpecPilotError, match=r"field `drafter.blok_size`: unknown field"):
+        load_deployment_file(p)
+
+
+def test_missing_field_is_named(tmp_path):
+    p = _write(tmp_path, "smollm-cpu", _base_text().replace('engine = "refspec"\n', ""))
+    with pytest.raises(SpecPilotError, match=r"field `engine`: missing required field"):
+        load_deployment_file(p)
+
+
+def test_wrong_type_and_bad_slot_are_named(tmp_path):
+    p = _write(
+        tmp_path, "smollm-cpu", _base_text().replace("max_new_tokens = 128", 'max_new_tokens = "lots"')
+    )
+    with pytest.raises(SpecPilotError, match=r"field `workload.max_new_tokens`: .*integer"):
+        load_deployment_file(p)
+    p = _write(tmp_path, "smollm-cpu", _base_text().replace('"cpu:1"', '"gpu1"'))
+    with pytest.raises(SpecPilotError, match=r"field `devices.slots`: .*'gpu1'.*'cpu:N' or 'cuda:N'"):
+        load_deployment_file(p)
+
+
+def test_slot_kind_must_match_device(tmp_path):
+    p = _write(tmp_path, "smollm-cpu", _base_text().replace('"cpu:1"', '"cuda:1"'))
+    with pytest.raises(SpecPilotError, match=r"needs 'cpu:N' slots"):
+        load_deployment_file(p)
+
+
+def test_name_must_match_file(tmp_path):
+    p = _write(tmp_path, "other", _base_text())
+    with pytest.raises(SpecPilotError, match=r"must match the file name 'other'"):
+        load_deployment_file(p)
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(SpecPilotError, match=r"unknown deployment 'nope'; known: .*smollm-cpu"):
+        load_deployment("nope")
+
+
+def test_user_spec_shadows_shipped(tmp_path):
+    home = Home(tmp_path)
+    home.deployments.mkdir(parents=True)
+    _write(
+        home.deployments, "smollm-cpu", _base_text().replace("max_new_tokens = 128", "max_new_tokens = 64")
+    )
+    assert load_deployment("smollm-cpu", home).workload.max_new_tokens == 64
+    assert load_deployment("smollm-cpu").workload.max_new_tokens == 128
+
+
+def test_json_round_trip():
+    dep = load_deployment("gemma12b-h100-eagle3")
+    again = Deployment.model_validate(json.loads(dep.model_dump_json()))
+    assert again == dep
+    assert dep.engine_flags["speculative-eagle-topk"] == 4
