@@ -1,9 +1,10 @@
 """Run a system tree's own profiler and recorder on a device slot (CONTRACTS §4, §5).
 
-The tool runs as `python -m refspec.<tool> --device SLOT ...` in a fresh process with the tree
-root first on PYTHONPATH, like the serve process. A `cpu:N` slot is pinned to core N from the
-start (the tool pins itself again; pinning before exec keeps imports and loading on that core
-too). The output is written to a temporary name and renamed into place only when the tool exits
+The tool runs as `python -m refspec.<tool> --device DEV ...` in a fresh process with the tree
+root first on PYTHONPATH, placed like the controller places the serve process: a `cuda:N` slot
+sees only GPU N (CUDA_VISIBLE_DEVICES=N, `--device cuda:0`); a `cpu:N` slot sees no GPU and is
+pinned to core N from the start (the tool pins itself again; pinning before exec keeps imports
+and loading on that core too). The output is written to a temporary name and renamed into place only when the tool exits
 0, so a crash never leaves a half-written profile or recording; its stderr is kept beside it.
 """
 
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 from specpilot.deployments import Home, SpecPilotError
+from specpilot.deployments.spec import SLOT_RE
 from specpilot.deployments.stock import tree_files
 
 from .profile import StepProfile, load_profile
@@ -36,11 +38,20 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _pin(slot: str):
-    if not slot.startswith("cpu:"):
-        return None
-    core = int(slot.split(":")[1])
-    return lambda: os.sched_setaffinity(0, {core})
+def placement(slot: str) -> tuple[str, dict[str, str], object]:
+    """(--device argument, environment, pre-exec pinning) for a process on `slot`."""
+    m = SLOT_RE.match(slot)
+    if not m:
+        raise SpecPilotError(f"slot {slot!r} is not of the form 'cpu:N' or 'cuda:N'")
+    kind, index = m.group(1), int(m.group(2))
+    if kind == "cuda":
+        return "cuda:0", {"CUDA_VISIBLE_DEVICES": str(index)}, None
+    if index not in os.sched_getaffinity(0):
+        raise SpecPilotError(
+            f"slot {slot}: CPU core {index} is not available to this process "
+            f"(available: {sorted(os.sched_getaffinity(0))})"
+        )
+    return slot, {"CUDA_VISIBLE_DEVICES": ""}, lambda: os.sched_setaffinity(0, {index})
 
 
 def run_tool(
@@ -55,14 +66,15 @@ def run_tool(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     log = out.with_name(out.name + ".log")
-    env = dict(os.environ)
+    device, slot_env, pin = placement(slot)
+    env = {**os.environ, **slot_env}
     env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
     env["SPECPILOT_CACHE"] = str(home.cache)
-    cmd = [sys.executable, "-m", f"refspec.{tool}", "--device", slot, *args, "--out", str(tmp)]
+    cmd = [sys.executable, "-m", f"refspec.{tool}", "--device", device, *args, "--out", str(tmp)]
     try:
         with open(log, "w") as err:
             proc = subprocess.run(
-                cmd, stdout=err, stderr=subprocess.STDOUT, env=env, timeout=timeout, preexec_fn=_pin(slot)
+                cmd, stdout=err, stderr=subprocess.STDOUT, env=env, timeout=timeout, preexec_fn=pin
             )
     except subprocess.TimeoutExpired:
         tmp.unlink(missing_ok=True)

@@ -126,16 +126,18 @@ def costmodel(
     max_requests: int | None = typer.Option(
         None, "--max-requests", help="Profile only the first N requests."
     ),
+    reprobe: bool = typer.Option(
+        False, "--reprobe", help="Measure a CPU's peaks again instead of using the cache."
+    ),
 ) -> None:
-    """τ, c and speedup of a system, kernel time per class against its byte floor, and the three
-    ceiling factors (tree, kernel, outside) with the largest named."""
+    """τ, c, speedup, kernel time per class vs byte floor, and the ceiling's three factors."""
     c: Ctx = ctx.obj
     dep = load_deployment(deployment, c.home)
     slot = slot or dep.devices.slots[0]
     need_tree = profile is None or record is None
     tree, name = system_tree(dep, c.home, system) if need_tree else (None, system)
     reqs = request_path(dep, c.home, requests) if need_tree else None
-    device = device_spec(dep, c.home)  # a CPU probe runs before the system does, never beside it
+    device = device_spec(dep, c.home, refresh=reprobe)  # a CPU probe runs before the system, never beside it
     if profile is not None:
         prof = load_profile(profile)
     else:
@@ -159,8 +161,7 @@ def replay_tau(
         ",".join(map(str, BUDGETS)), "--budgets", help="Node budgets, comma-separated."
     ),
 ) -> None:
-    """τ of every tree policy (chain, best-first conditioned/marginal, EAGLE-2 top-k) per node
-    budget, and the top-16 oracle, by exact replay of recorded lattices and greedy tokens."""
+    """τ per tree policy and node budget, and the top-16 oracle, by exact replay of recordings."""
     c: Ctx = ctx.obj
     dep = load_deployment(deployment, c.home)
     try:
