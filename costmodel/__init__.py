@@ -10,6 +10,7 @@ decomposition (`decompose`), and running a system's own profiler/recorder on a s
 from .analytic import CLASSES, DrafterShape, StepShape, Work, floors, step_work
 from .decompose import FACTORS, ClassCost, CostReport, decompose
 from .devices import GPU_SPECS, DeviceSpec, device_spec
+from .measure import measure
 from .profile import StepProfile, load_profile
 from .recording import Record, load_records
 from .replay import BUDGETS, TREE_POLICIES, Replay, ReplayTable, oracle_accept, replay, replay_table
@@ -37,6 +38,7 @@ __all__ = [
     "floors",
     "load_profile",
     "load_records",
+    "measure",
     "oracle_accept",
     "replay",
     "replay_table",

@@ -48,6 +48,7 @@ class CostReport:
 
     deployment: str
     system: str | None
+    mode: str
     device: dict
     dtype: str
     rows_per_step: float
@@ -144,6 +145,7 @@ def decompose(
     return CostReport(
         deployment=dep.name,
         system=system,
+        mode=profile.mode,
         device=device.to_dict(),
         dtype=dtype,
         rows_per_step=profile.rows_per_step,

@@ -164,21 +164,21 @@ def topk_tree(lattice: Any, k: int, depth: int, conditioned: bool = True) -> Tre
     the best-first rule of `best_first_tree`). Edges are scored as in `best_first_tree`.
     """
     lat = Lattice.coerce(lattice)
+
+    def top(d: int, parent: int | None) -> list[tuple[int, float]]:
+        # Stable sort: equal scores keep the lattice's order.
+        return sorted(lat.candidates(d, parent, conditioned), key=lambda c: -c[1])[:k]
+
     tree = Tree()
-    layer = [(lp, tok, ROOT) for tok, lp in lat.candidates(0, None, conditioned)[:k]]
+    layer = [(lp, tok, ROOT) for tok, lp in top(0, None)]
     for d in range(depth):
         if not layer:
             break
         nodes = [(tree.add(tok, parent, score), tok, score) for score, tok, parent in layer]
         if d + 1 == depth:
             break
-        children = [
-            (score + lp, ctok, node)
-            for node, tok, score in nodes
-            for ctok, lp in lat.candidates(d + 1, tok, conditioned)[:k]
-        ]
-        # Stable sort: equal scores keep expansion order (better-ranked parent first).
-        layer = sorted(children, key=lambda c: -c[0])[:k]
+        children = [(score + lp, ctok, node) for node, tok, score in nodes for ctok, lp in top(d + 1, tok)]
+        layer = sorted(children, key=lambda c: -c[0])[:k]  # ties: better-ranked parent first
     return tree
 
 

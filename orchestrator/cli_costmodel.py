@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 import typer
@@ -20,16 +19,11 @@ from specpilot.costmodel import (
     TREE_POLICIES,
     CostReport,
     ReplayTable,
-    StepProfile,
     cached_record,
-    decompose,
-    device_spec,
-    load_profile,
     load_records,
+    measure,
     replay_table,
-    run_profile,
 )
-from specpilot.costmodel.decompose import node_budget
 from specpilot.costmodel.recording import Record
 from specpilot.costmodel.runner import tree_digest
 from specpilot.deployments import Deployment, Home, SpecPilotError, load_deployment
@@ -133,21 +127,22 @@ def costmodel(
     """τ, c, speedup, kernel time per class vs byte floor, and the ceiling's three factors."""
     c: Ctx = ctx.obj
     dep = load_deployment(deployment, c.home)
-    slot = slot or dep.devices.slots[0]
     need_tree = profile is None or record is None
     tree, name = system_tree(dep, c.home, system) if need_tree else (None, system)
-    reqs = request_path(dep, c.home, requests) if need_tree else None
-    device = device_spec(dep, c.home, refresh=reprobe)  # a CPU probe runs before the system, never beside it
-    if profile is not None:
-        prof = load_profile(profile)
-    else:
-        out = c.home.runs / "costmodel" / f"{dep.name}-{time.strftime('%Y%m%d-%H%M%S')}" / "profile.json"
-        prof = run_profile(tree, slot, reqs, out, c.home, max_requests=max_requests)
-    records = _records(dep, c.home, tree, slot, record, reqs)
-    want = budget or node_budget(prof)
-    table = replay_table(records, sorted({*BUDGETS, want}))
-    report = decompose(prof, dep, device, table, budget=want, system=name)
-    emit(c, report.to_dict(), lambda con: render_report(con, report, prof))
+    report = measure(
+        dep,
+        c.home,
+        tree=tree,
+        slot=slot,
+        requests=request_path(dep, c.home, requests) if need_tree else None,
+        system=name,
+        profile=profile,
+        record=record,
+        budget=budget,
+        max_requests=max_requests,
+        reprobe=reprobe,
+    )
+    emit(c, report.to_dict(), lambda con: render_report(con, report))
 
 
 def replay_tau(
@@ -185,7 +180,7 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.3f}"
 
 
-def render_report(con: Console, r: CostReport, prof: StepProfile) -> None:
+def render_report(con: Console, r: CostReport) -> None:
     dev = r.device
     bw = (
         f"{dev['bandwidth'] / 1e12:.3g} TB/s"
@@ -234,7 +229,7 @@ def render_report(con: Console, r: CostReport, prof: StepProfile) -> None:
     fac.add_row("[bold]ceiling[/]", f"[bold]{r.ceiling:.3f}×[/]", f"largest factor: [bold]{r.largest}[/]")
     con.print(fac)
     if r.tau_chain_replay is not None:
-        con.print(f"  replayed chain τ {r.tau_chain_replay:.3f} (profiled τ {r.tau:.3f}, mode {prof.mode})")
+        con.print(f"  replayed chain τ {r.tau_chain_replay:.3f} (profiled τ {r.tau:.3f}, mode {r.mode})")
     for note in r.notes:
         con.print(f"  [yellow]note:[/] {note}")
 

@@ -169,6 +169,16 @@ def test_topk_tree_shape(lat: dict, k: int, depth: int, conditioned: bool) -> No
     assert sorted(t for i, t in enumerate(tree.tokens) if tree.depths[i] == 1) == sorted(t for t, _ in root)
     for i in range(len(tree)):
         assert math.isclose(tree.scores[i], full[tuple(tree.path(i))], abs_tol=1e-9)
+    # Layer l+1 holds the best-scoring children among each layer-l node's top-k children.
+    for d in range(1, max(tree.depths, default=0)):
+        layer = [i for i in range(len(tree)) if tree.depths[i] == d]
+        pool = []
+        for i in layer:
+            kids = sorted(edges(lat, d, tree.tokens[i], conditioned), key=lambda e: -e[1])[:k]
+            pool += [tree.scores[i] + lp for _, lp in kids]
+        kept = sorted((tree.scores[i] for i in range(len(tree)) if tree.depths[i] == d + 1), reverse=True)
+        assert kept == pytest.approx(sorted(pool, reverse=True)[: len(kept)])
+        assert len(kept) == min(k, len(pool))
 
 
 def test_topk_tree_by_hand() -> None:
