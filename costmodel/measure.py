@@ -10,7 +10,7 @@ from specpilot.deployments import Deployment, Home, SpecPilotError
 from .decompose import CostReport, decompose, node_budget
 from .devices import device_spec
 from .profile import load_profile
-from .recording import load_records
+from .recording import label_sets, load_records
 from .replay import BUDGETS, replay_table
 from .runner import cached_record, run_profile
 
@@ -48,6 +48,7 @@ def measure(
         records = load_records(record)
     else:
         _, records = cached_record(tree, slot, requests, home, model=dep.target.model)
+    records = label_sets(records, requests)
     want = budget or node_budget(prof)
     table = replay_table(records, sorted({*BUDGETS, want}))
     return decompose(prof, dep, device, table, budget=want, system=system)

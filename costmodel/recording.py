@@ -23,11 +23,32 @@ class Record:
     drafter: str
     greedy: list[int]
     lattices: list[Lattice]
+    set_name: str | None = None  # from the request file, when the caller knows it
 
     @property
     def set(self) -> str:
-        """The benchmark set, from the request id's prefix ('humaneval-3' -> 'humaneval')."""
-        return self.id.rsplit("-", 1)[0] if "-" in self.id else self.id
+        """The benchmark set: from the request file, else the id's prefix ('humaneval-3' -> 'humaneval')."""
+        return self.set_name or self.id.split("-", 1)[0]
+
+
+def request_sets(requests: Path) -> dict[str, str]:
+    """Request id -> benchmark set, from a request file (CONTRACTS §6)."""
+    out = {}
+    for line in Path(requests).read_text().splitlines():
+        if line.strip():
+            obj = json.loads(line)
+            if isinstance(obj, dict) and "id" in obj and "set" in obj:
+                out[str(obj["id"])] = str(obj["set"])
+    return out
+
+
+def label_sets(records: list[Record], requests: Path | None) -> list[Record]:
+    """Name each record's benchmark set from the request file it was recorded from."""
+    if requests is not None:
+        sets = request_sets(requests)
+        for rec in records:
+            rec.set_name = sets.get(rec.id, rec.set_name)
+    return records
 
 
 def parse_record(obj: object, where: str) -> Record:

@@ -24,7 +24,7 @@ from specpilot.costmodel import (
     measure,
     replay_table,
 )
-from specpilot.costmodel.recording import Record
+from specpilot.costmodel.recording import label_sets
 from specpilot.costmodel.runner import tree_digest
 from specpilot.deployments import Deployment, Home, SpecPilotError, load_deployment
 
@@ -95,15 +95,6 @@ def request_path(dep: Deployment, home: Home, given: Path | None) -> Path:
     return request_file(dep, home)
 
 
-def _records(
-    dep: Deployment, home: Home, tree: Path, slot: str, record: Path | None, requests: Path
-) -> list[Record]:
-    if record is not None:
-        return load_records(record)
-    _, records = cached_record(tree, slot, requests, home, model=dep.target.model)
-    return records
-
-
 def costmodel(
     ctx: typer.Context,
     deployment: str = DEPLOYMENT,
@@ -167,11 +158,13 @@ def replay_tau(
         raise SpecPilotError(f"--budgets {budgets!r}: give positive integers, e.g. 8,16,32,64")
     if record is None:
         tree, _ = system_tree(dep, c.home, system)
-        records = _records(
-            dep, c.home, tree, slot or dep.devices.slots[0], None, request_path(dep, c.home, requests)
+        requests = request_path(dep, c.home, requests)
+        _, records = cached_record(
+            tree, slot or dep.devices.slots[0], requests, c.home, model=dep.target.model
         )
     else:
         records = load_records(record)
+    records = label_sets(records, requests)
     table = replay_table(records, sizes)
     emit(c, table.to_dict(), lambda con: render_replay(con, table))
 

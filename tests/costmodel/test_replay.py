@@ -100,3 +100,15 @@ def test_bad_recordings_are_named(tmp_path: Path) -> None:
         load_records(p)
     with pytest.raises(SpecPilotError, match="no such recording"):
         load_records(tmp_path / "absent.jsonl")
+
+
+def test_sets_come_from_the_request_file(tmp_path: Path, records) -> None:
+    from specpilot.costmodel.recording import label_sets
+
+    reqs = tmp_path / "req.jsonl"
+    lines = [{"id": "humaneval-0", "set": "code-set", "input_ids": [1], "max_new_tokens": 12}]
+    reqs.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert [r.set for r in records] == ["humaneval", "mtbench"]  # the id's prefix by default
+    label_sets(records, reqs)
+    assert [r.set for r in records] == ["code-set", "mtbench"]
+    assert replay(records, "chain", 8).per_set == {"code-set": 2.0, "mtbench": 1.0}
