@@ -63,7 +63,7 @@ class TritonHead:
     def __init__(
         self,
         head: QuantizedHead,
-        cap: int = 1024,
+        cap: int = 512,
         config: KernelConfig | None = None,
         configs: dict[int, KernelConfig] | None = None,
     ):
@@ -100,7 +100,7 @@ class TritonHead:
                 up=torch.empty((M, V), **f32),
                 lo=torch.empty((M, V), **f32),
                 bmax=torch.empty((M, nb), **f32),
-                cnt=torch.zeros(M, dtype=torch.int32, device=dev),
+                cnt=torch.zeros(M, dtype=torch.int64, device=dev),
                 idx=torch.zeros((M, self.cap), dtype=torch.int32, device=dev),
                 z=torch.empty((M, self.cap), **f64),
                 err=torch.empty((M, self.cap), **f64),
@@ -109,14 +109,21 @@ class TritonHead:
             )
         return self._bufs[M]
 
-    def launch(self, x: torch.Tensor, b: Buffers, write_lower: bool = False) -> None:
-        """Enqueue the five kernels for x [M, H] (contiguous rows); no host synchronization."""
+    def launch(
+        self, x: torch.Tensor, b: Buffers, write_lower: bool = False, bounds_only: bool = False
+    ) -> None:
+        """Enqueue the five kernels for x [M, H] (contiguous rows); no host synchronization.
+
+        bounds_only: stop after the kernel that streams the int8 head (for benchmarks).
+        """
         k, hd, cfg = self.k, self.head, self.config_for(b.M)
         V, H = hd.q.shape
         M = b.M
         nb = b.bmax.shape[1]
+        # One chunk covers H <= 8192, so the three passes re-read h from L1 instead of waiting on HBM.
+        blk = min(_p2(H), 8192)
         k.split_kernel[(M,)](
-            x, x.stride(0), b.p1, b.p2, b.p1.stride(0), b.t, b.nrm, b.cnt, H, 1024, -(-H // 1024)
+            x, x.stride(0), b.p1, b.p2, b.p1.stride(0), b.t, b.nrm, b.cnt, H, blk, -(-H // blk), num_warps=8
         )
         k.bounds_kernel[(nb,)](
             hd.q, hd.scale, hd.err_norm, hd.deq_norm, b.p1, b.p2, b.t, b.nrm, b.up, b.lo, b.bmax,
@@ -124,14 +131,17 @@ class TritonHead:
             BM=b.BM, BN=cfg.BN, BK=cfg.BK, EVEN_K=H % cfg.BK == 0, EVEN_N=V % cfg.BN == 0,
             WRITE_LO=write_lower, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
+        if bounds_only:
+            return
         chunk = 4096
         k.select_kernel[(-(-V // chunk), M)](
             b.up, b.bmax, b.cnt, b.idx, V, nb, b.up.stride(0), self.cap, CHUNK=chunk, NB_P2=_p2(nb)
         )
-        bs = 16
+        # Few survivors per CTA and wide K steps: the rescoring is latency-bound, not byte-bound.
+        bs = 4
         k.rescore_kernel[(self.cap // bs, M)](
             hd.weight, x, b.idx, b.cnt, b.z, b.err, H, hd.weight.stride(0), x.stride(0), self.cap,
-            err_factor(H), BS=bs, BKR=256,
+            err_factor(H), BS=bs, BKR=1024,
         )  # fmt: skip
         k.final_kernel[(M,)](b.z, b.err, b.idx, b.cnt, b.nrm, b.arg, b.flag, self.cap, CAP_P2=self.cap)
 
@@ -162,7 +172,7 @@ class TritonHead:
             b = self.buffers(M)
             self.launch(x, b)
         flags = b.flag.cpu()
-        arg, cnt = b.arg, b.cnt.to(torch.int64)
+        arg, cnt = b.arg, b.cnt
         if bool(flags.any()):
             arg, cnt = arg.clone(), cnt.clone()
             for m in flags.nonzero().flatten().tolist():

@@ -41,7 +41,8 @@ class CertifiedHead:
     backend: "auto" (Triton for CUDA weights, torch otherwise), "torch" or "triton" (the latter on
     CPU tensors only under TRITON_INTERPRET=1). cpu_method: "auto" (int8pack when torch has it),
     "int8pack" or "dequant"; see cpu.py. cap: survivor slots per row on the Triton path (more
-    survivors take the slower exact fallback, never a wrong answer).
+    survivors take the slower exact fallback, never a wrong answer). configs: Triton tile configs
+    keyed by the largest M they serve (gpu.KernelConfig; default one config for all M).
     """
 
     def __init__(
@@ -49,10 +50,12 @@ class CertifiedHead:
         weight: torch.Tensor,
         backend: str = "auto",
         cpu_method: str = "auto",
-        cap: int = 1024,
+        cap: int = 512,
         configs: dict | None = None,
+        quant: QuantizedHead | None = None,
     ):
-        self.quant: QuantizedHead = quantize_head(weight.detach())
+        # `quant`: an already quantized copy of this weight (saves the quantization pass).
+        self.quant: QuantizedHead = quant if quant is not None else quantize_head(weight.detach())
         if backend == "auto":
             backend = "triton" if weight.is_cuda else "torch"
         if backend not in ("torch", "triton"):

@@ -11,10 +11,14 @@ from specpilot.kernels.certified_head import exact_logits, quantize_head
 
 
 def realistic_head(V: int, H: int, gen: torch.Generator, dtype=torch.float32) -> torch.Tensor:
-    """Gaussian rows with log-normally spread norms (median ~1) and a few heavier columns."""
-    w = torch.randn(V, H, generator=gen)
-    w = w / w.norm(dim=1, keepdim=True) * torch.exp(0.35 * torch.randn(V, 1, generator=gen))
-    cols = torch.randint(0, H, (max(1, H // 64),), generator=gen)
+    """Gaussian rows with log-normally spread norms (median ~1) and a few heavier columns.
+
+    Made on the generator's device.
+    """
+    dev = gen.device
+    w = torch.randn(V, H, generator=gen, device=dev)
+    w = w / w.norm(dim=1, keepdim=True) * torch.exp(0.35 * torch.randn(V, 1, generator=gen, device=dev))
+    cols = torch.randint(0, H, (max(1, H // 64),), generator=gen, device=dev)
     w[:, cols] *= 3.0
     return w.to(dtype)
 
@@ -26,36 +30,42 @@ def realistic_hidden(W: torch.Tensor, M: int, gen: torch.Generator, std: float =
     outlier coordinates (massive activations), in W's dtype.
     """
     V, H = W.shape
+    dev = gen.device
     Wf = W.to(torch.float32)
     med = Wf.norm(dim=1).median()
-    h = torch.randn(M, H, generator=gen) * (std / med)  # isotropic logit spread ~ std
-    tgt = torch.randint(0, V, (M, 2), generator=gen)
-    lift = std * (5 + 4 * torch.rand(M, 1, generator=gen))
+    h = torch.randn(M, H, generator=gen, device=dev) * (std / med)  # isotropic logit spread ~ std
+    tgt = torch.randint(0, V, (M, 2), generator=gen, device=dev)
+    lift = std * (5 + 4 * torch.rand(M, 1, generator=gen, device=dev))
     for j, frac in ((0, 1.0), (1, 0.9)):
         u = Wf[tgt[:, j]]
         h += (lift * frac) * u / (u * u).sum(1, keepdim=True)
-    out = torch.randint(0, H, (3,), generator=gen)
-    h[:, out] += 20 * torch.randn(M, 3, generator=gen).abs() * h.abs().mean()
+    out = torch.randint(0, H, (3,), generator=gen, device=dev)
+    h[:, out] += 20 * torch.randn(M, 3, generator=gen, device=dev).abs() * h.abs().mean()
     return h.to(W.dtype)
 
 
 def hostile_head(V: int, H: int, gen: torch.Generator) -> torch.Tensor:
     """Rows that stress the bound: huge and tiny norms, one-spike rows, constant rows, zeros."""
-    w = torch.randn(V, H, generator=gen)
+    dev = gen.device
+    w = torch.randn(V, H, generator=gen, device=dev)
     w[0::7] *= 1e3  # large-norm rows
     w[1::7] *= 1e-20  # tiny rows
     w[2::7, 0] = 1e4  # one huge spike (skewed)
     w[3::7] = 0.7  # constant rows: quantization error exactly 0 or one-sided
-    w[4::7] = torch.where(torch.rand(w[4::7].shape, generator=gen) < 0.97, 0.0, w[4::7] * 50)  # sparse spikes
+    w[4::7] = torch.where(
+        torch.rand(w[4::7].shape, generator=gen, device=dev) < 0.97, 0.0, w[4::7] * 50
+    )  # sparse spikes
     w[5] = 0.0  # an all-zero row
     return w
 
 
 def hostile_hidden(M: int, H: int, gen: torch.Generator) -> torch.Tensor:
-    h = torch.randn(M, H, generator=gen)
+    """Huge rows, outlier features, mostly-zero rows (on the generator's device)."""
+    dev = gen.device
+    h = torch.randn(M, H, generator=gen, device=dev)
     h[0::3] *= 1e4
     h[1::3, :5] *= 1e3  # outlier features
-    h[2::3] = torch.where(torch.rand(h[2::3].shape, generator=gen) < 0.9, 0.0, h[2::3])
+    h[2::3] = torch.where(torch.rand(h[2::3].shape, generator=gen, device=dev) < 0.9, 0.0, h[2::3])
     return h
 
 
