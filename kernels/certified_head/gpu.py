@@ -27,6 +27,7 @@ class KernelConfig:
     BK: int = 256
     num_warps: int = 4
     num_stages: int = 3
+    dot_acc: bool = False  # acc += tl.dot(a, b) (False) or tl.dot(a, b, acc): same integers, two lowerings
 
 
 @dataclass
@@ -129,7 +130,7 @@ class TritonHead:
             hd.q, hd.scale, hd.err_norm, hd.deq_norm, b.p1, b.p2, b.t, b.nrm, b.up, b.lo, b.bmax,
             M, V, H, nb, hd.q.stride(0), b.p1.stride(0), b.up.stride(0),
             BM=b.BM, BN=cfg.BN, BK=cfg.BK, EVEN_K=H % cfg.BK == 0, EVEN_N=V % cfg.BN == 0,
-            WRITE_LO=write_lower, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            WRITE_LO=write_lower, DOT_ACC=cfg.dot_acc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         if bounds_only:
             return

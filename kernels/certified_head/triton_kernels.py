@@ -78,7 +78,7 @@ def bounds_kernel(
     Q, S, EN, DN, P1, P2, T, NRM, UP, LO, BMAX,
     M, V, H, NB, stride_qv, stride_pm, stride_um,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, WRITE_LO: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, WRITE_LO: tl.constexpr, DOT_ACC: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     offs_n = pid * BN + tl.arange(0, BN)
@@ -104,8 +104,12 @@ def bounds_kernel(
             p1 = tl.load(p1_ptrs, mask=kmask[None, :], other=0)
             p2 = tl.load(p2_ptrs, mask=kmask[None, :], other=0)
         qt = tl.trans(q)
-        acc1 = tl.dot(p1, qt, acc1)
-        acc2 = tl.dot(p2, qt, acc2)
+        if DOT_ACC:
+            acc1 = tl.dot(p1, qt, acc1, out_dtype=tl.int32)
+            acc2 = tl.dot(p2, qt, acc2, out_dtype=tl.int32)
+        else:
+            acc1 += tl.dot(p1, qt, out_dtype=tl.int32)
+            acc2 += tl.dot(p2, qt, out_dtype=tl.int32)
         q_ptrs += BK
         p1_ptrs += BK
         p2_ptrs += BK
