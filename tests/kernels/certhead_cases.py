@@ -5,6 +5,9 @@ Shared by the CPU tests, the Triton-interpreter tests and the GPU tests.
 
 from __future__ import annotations
 
+import functools
+
+import pytest
 import torch
 
 from specpilot.kernels.certified_head import exact_logits, quantize_head
@@ -79,13 +82,14 @@ def near_tie_int8_wrong(H: int, gen: torch.Generator) -> tuple[torch.Tensor, tor
     h = torch.randn(H, generator=gen)
     q = torch.round(127 * h / h.abs().max())  # aligned with h so the pair leads any random head
     s = 2.0**-7  # a power of two: exact in bf16, and every product below is exact
-    i = int(torch.nonzero((h > 0) & (q.abs() < 120))[0])
+    # The largest usable h_i makes the designed gap (1e-2 s h_i) dwarf the float32 rounding of a.
+    i = int(torch.where((h > 0) & (q.abs() < 120), h, torch.zeros_like(h)).argmax())
     b = s * q.clone()
     b[i] += s
     sgn = torch.sign(h)
     sgn[i] = 0.0
     sgn[q.abs() == 127] = 0.0  # keep max|a| = 127 s, so a's scale stays s and its INT8 copy is q
-    lam = (h[i] * (1 + 1e-3)) / (sgn * h).sum()
+    lam = (h[i] * (1 + 1e-2)) / (sgn * h).sum()
     a = s * q + lam * s * sgn
     rows = torch.stack([b, a]).to(torch.float32)
     return rows, h.to(torch.float32), 1, 0
@@ -117,3 +121,35 @@ def int8_ranks_wrong(W: torch.Tensor, h: torch.Tensor, a: int, b: int) -> bool:
     approx = (qh.q.to(torch.float64) * qh.scale.to(torch.float64)[:, None]) @ h.to(torch.float64)
     z, err = exact_logits(W[[a, b]], h[None])
     return bool(approx[1] > approx[0]) and bool(z[0, 0] - err[0, 0] > z[0, 1] + err[0, 1])
+
+
+SMOLLM2_TEXT = (
+    "from typing import List\n\n\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+    '    """ Check if in given list of numbers, are any two numbers closer to each other than\n'
+    '    given threshold.\n    >>> has_close_elements([1.0, 2.0, 3.0], 0.5)\n    False\n    """\n'
+    "    for i, a in enumerate(numbers):\n        for b in numbers[i + 1:]:\n"
+    "            if abs(a - b) < threshold:\n                return True\n    return False\n\n"
+    "The Treaty of Westphalia, signed in 1648, ended the Thirty Years' War and laid the groundwork "
+    "for the modern system of sovereign states. Historians still debate how much it changed."
+)
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_head_and_hidden() -> tuple[torch.Tensor, torch.Tensor]:
+    """SmolLM2-135M-Instruct's tied embedding [49152, 576] and the final-norm hidden states of real
+    text, from HF Transformers' LlamaForCausalLM over the converted folder (fetched on first use)."""
+    transformers = pytest.importorskip("transformers")
+    from specpilot.deployments.stock import import_refspec
+
+    import_refspec()
+    from refspec.weights import SMOLLM2, resolve_model
+
+    folder = resolve_model(SMOLLM2)
+    model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = tok(SMOLLM2_TEXT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        hidden = model.model(ids).last_hidden_state[0]  # after the final RMSNorm
+    W = model.lm_head.weight.detach().clone()
+    assert torch.equal(W, model.model.embed_tokens.weight), "SmolLM2's head is its tied embedding"
+    return W, hidden.contiguous()

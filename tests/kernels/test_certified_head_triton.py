@@ -45,6 +45,7 @@ if INTERPRETED:
         near_tie_int8_wrong,
         realistic_head,
         realistic_hidden,
+        smollm2_head_and_hidden,
     )
 
     def _gen(seed: int) -> torch.Generator:
@@ -104,3 +105,10 @@ if INTERPRETED:
         h[1, 0] = float("inf")
         with pytest.raises(ValueError, match="inf or NaN"):
             head.argmax(h)
+
+    def test_real_smollm2_hidden_states():
+        W, hidden = smollm2_head_and_hidden()
+        h = hidden[::40][:4].contiguous()
+        res = CertifiedHead(W, backend="triton").argmax(h)
+        assert torch.equal(res.argmax, exact_argmax(W, h))
+        assert int(res.n_survivors.max()) < 200
