@@ -18,16 +18,16 @@ Bound (int8pack). Let d = h - a (exact in float64), C' the float32 sum before th
     |C - C'|         <= 2^-9 |C'| <= 2^-8 |C|                           (bf16 rounding of C')
 so |z_v - C_v| <= Delta_v = err_norm_v ||h|| + deq_norm_v (||d|| + gamma_{H+2} ||a|| 1.004)
 + 2^-8 |C_v|. (dequant: Delta_v = err_norm_v ||h|| + gamma_{H+1} deq_norm_v ||h||.)
-Delta is then evaluated in float32 (a handful of roundings of non-negative terms) and inflated by
-(1 + 2^-18), plus 2^-22 |C_v| for the rounding of C_v -+ Delta itself and 1e-30 for underflow, so
-the stored lower <= z_v <= upper holds for the real z_v.
+Delta is evaluated in float32 as a rank-3 product plus a multiple of |C| (see cpu_bounds), every
+factor widened so the float32 roundings cannot undercut it, plus 1e-30 for underflow, so the
+stored lower <= z_v <= upper holds for the real z_v.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .quant import QuantizedHead, norm_up
+from .quant import QuantizedHead, norm_up, up_to_float32
 
 _U32 = 2.0**-24
 
@@ -52,17 +52,26 @@ def int8pack_weight(head: QuantizedHead) -> torch.Tensor:
     return qp
 
 
+def bound_cols(head: QuantizedHead) -> torch.Tensor:
+    """[3, V] float32: err_norm, deq_norm and ones, the right factor of Delta's rank-3 product."""
+    return torch.stack([head.err_norm, head.deq_norm, torch.ones_like(head.err_norm)])
+
+
 def cpu_bounds(
-    head: QuantizedHead, hidden: torch.Tensor, method: str = "int8pack", operand: torch.Tensor | None = None
+    head: QuantizedHead,
+    hidden: torch.Tensor,
+    method: str = "int8pack",
+    operand: torch.Tensor | None = None,
+    cols: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lower, upper) [M, V] float32 with lower <= z <= upper for every exact logit z.
 
     `operand`: the prepared weight operand (int8pack_weight(head) or the float32 dequantized
-    copy); built on the fly when omitted.
+    copy) and `cols` = bound_cols(head); both built on the fly when omitted.
     """
     H = head.hidden_size
     h64 = hidden.to(torch.float64)
-    h_norm = norm_up(h64).to(torch.float32)[:, None]
+    h_norm = norm_up(h64).to(torch.float64)
     if method == "int8pack":
         qp = int8pack_weight(head) if operand is None else operand
         a = hidden.to(torch.bfloat16)
@@ -74,20 +83,25 @@ def cpu_bounds(
         d_norm = norm_up(h64 - a.to(torch.float64)).to(torch.float64)
         a_norm = norm_up(a).to(torch.float64)
         gamma = (H + 2) * _U32 / (1 - (H + 2) * _U32)
-        # One float32 factor per hidden row for the deq_norm term (computed in float64, rounded up).
-        k = (d_norm + gamma * a_norm * 1.004) * (1 + 2.0**-40)
-        k = k.to(torch.float32)[:, None]
-        delta = head.err_norm * h_norm + head.deq_norm * k + c.abs() * 2.0**-8
+        k = d_norm + gamma * a_norm * 1.004  # per hidden row: the factor of deq_norm_v
+        c_rel = 2.0**-8
     elif method == "dequant":
         dequant = head.q.to(torch.float32) * head.scale[:, None] if operand is None else operand
         c = torch.nn.functional.linear(hidden.to(torch.float32), dequant)
-        gamma = (H + 1) * _U32 / (1 - (H + 1) * _U32) * 1.001
-        delta = (head.err_norm + head.deq_norm * gamma) * h_norm
+        k = h_norm * ((H + 1) * _U32 / (1 - (H + 1) * _U32) * 1.001)
+        c_rel = 0.0
     else:
         raise ValueError(f"unknown CPU method {method!r}: use 'int8pack' or 'dequant'")
-    delta = (delta + c.abs() * 2.0**-22) * (1 + 2.0**-18) + 1e-30
+    # Delta = [||h||, k, 1e-30] @ [err_norm; deq_norm; 1] + (c_rel + 2^-21)|C|, every factor
+    # widened by (1 + 2^-17) > 1 / (1 - 5u): the float32 evaluation (<= 5 roundings of
+    # non-negative terms) cannot fall below the real Delta; 2^-21 |C| covers rounding C -+ Delta.
+    wide = 1 + 2.0**-17
+    rows = torch.stack([h_norm * wide, k * wide, torch.full_like(k, 1e-30)], 1)
+    delta = up_to_float32(rows) @ (bound_cols(head) if cols is None else cols)
+    delta.add_(c.abs(), alpha=(c_rel + 2.0**-21) * wide)
     lower, upper = c - delta, c + delta
     # An overflowed C (inf - inf) must widen the interval, never drop the token.
-    lower = torch.where(torch.isnan(lower), float("-inf"), lower)
-    upper = torch.where(torch.isnan(upper), float("inf"), upper)
+    inf = float("inf")
+    torch.nan_to_num_(lower, nan=-inf, posinf=inf, neginf=-inf)
+    torch.nan_to_num_(upper, nan=inf, posinf=inf, neginf=-inf)
     return lower, upper

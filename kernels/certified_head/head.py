@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cpu import cpu_bounds, int8pack_available, int8pack_weight
+from .cpu import bound_cols, cpu_bounds, int8pack_available, int8pack_weight
 from .exact import exact_logits, resolve_argmax
 from .quant import QuantizedHead, quantize_head
 
@@ -69,6 +69,7 @@ class CertifiedHead:
             self._operand = self.quant.q.to(torch.float32) * self.quant.scale[:, None]
         elif backend == "torch" and cpu_method == "int8pack":
             self._operand = int8pack_weight(self.quant)
+        self._cols = bound_cols(self.quant) if backend == "torch" else None
         self._triton = None
         if backend == "triton":
             from .gpu import TritonHead  # noqa: PLC0415
@@ -91,7 +92,7 @@ class CertifiedHead:
         """(lower, upper) [M, V] float32 bounds on every exact logit (for checks and callers)."""
         x = self._rows(hidden)
         if self.backend == "torch":
-            return cpu_bounds(self.quant, x, self.cpu_method, self._operand)
+            return cpu_bounds(self.quant, x, self.cpu_method, self._operand, self._cols)
         b = self._triton.buffers(x.shape[0])
         self._triton.launch(x.contiguous(), b, write_lower=True)
         return b.lo.clone(), b.up.clone()
@@ -113,7 +114,7 @@ class CertifiedHead:
             return res
         if not bool(torch.isfinite(x).all()):
             raise ValueError("hidden states contain inf or NaN; the certified head needs finite inputs")
-        lower, upper = cpu_bounds(self.quant, x, self.cpu_method, self._operand)
+        lower, upper = cpu_bounds(self.quant, x, self.cpu_method, self._operand, self._cols)
         keep = upper >= lower.max(1, keepdim=True).values
         # One float64 rescoring pass over the union of all rows' survivors.
         union = keep.any(0).nonzero().flatten()

@@ -149,3 +149,15 @@ def test_bad_inputs_are_clear_errors():
         CertifiedHead(torch.randn(10, 8), backend="cuda")
     with pytest.raises(ValueError, match="not supported"):
         CertifiedHead(torch.randn(10, 8, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_float32_overflow_widens_bounds_and_never_drops_the_argmax(method):
+    gen = _gen(9)
+    W = torch.randn(400, 64, generator=gen)
+    h = torch.randn(3, 64, generator=gen) * 3e37  # logits beyond float32: the approximate pass overflows
+    head = CertifiedHead(W, cpu_method=method)
+    lower, upper = head.bounds(h)
+    assert not bool(torch.isnan(lower).any() or torch.isnan(upper).any())
+    assert bool(torch.isinf(upper).any())
+    assert torch.equal(head.argmax(h).argmax, exact_argmax(W, h))
