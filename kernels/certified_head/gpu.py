@@ -59,7 +59,7 @@ def _p2(n: int) -> int:
 
 
 class TritonHead:
-    """Runs the certified head's five kernels for M = 1..64 hidden rows (any M works; tiles grow)."""
+    """Runs the certified head's five kernels for M = 1..64 hidden rows (CertifiedHead splits more)."""
 
     def __init__(
         self,

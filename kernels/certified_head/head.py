@@ -24,6 +24,9 @@ from .cpu import bound_cols, cpu_bounds, int8pack_available, int8pack_weight
 from .exact import exact_logits, resolve_argmax
 from .quant import QuantizedHead, quantize_head
 
+# Rows per launch of the Triton path (its tiles hold up to 64 padded rows).
+MAX_ROWS = 64
+
 
 @dataclass
 class CertifiedResult:
@@ -93,9 +96,14 @@ class CertifiedHead:
         x = self._rows(hidden)
         if self.backend == "torch":
             return cpu_bounds(self.quant, x, self.cpu_method, self._operand, self._cols)
-        b = self._triton.buffers(x.shape[0])
-        self._triton.launch(x.contiguous(), b, write_lower=True)
-        return b.lo.clone(), b.up.clone()
+        los, ups = [], []
+        for lo in range(0, x.shape[0], MAX_ROWS):
+            piece = x[lo : lo + MAX_ROWS].contiguous()
+            b = self._triton.buffers(piece.shape[0])
+            self._triton.launch(piece, b, write_lower=True)
+            los.append(b.lo.clone())
+            ups.append(b.up.clone())
+        return torch.cat(los), torch.cat(ups)
 
     def argmax(
         self, hidden: torch.Tensor, return_logits: bool = False, use_graph: bool = False
@@ -104,13 +112,19 @@ class CertifiedHead:
         lead = hidden.shape[:-1]
         x = self._rows(hidden)
         if self.backend == "triton":
-            arg, cnt, b = self._triton.run(x, use_graph=use_graph)
+            args, cnts, survs = [], [], []
+            # The kernels' tiles are sized for up to MAX_ROWS rows (shared memory); more go in pieces.
+            for lo in range(0, x.shape[0], MAX_ROWS):
+                arg, cnt, b = self._triton.run(x[lo : lo + MAX_ROWS], use_graph=use_graph)
+                args.append(arg)
+                cnts.append(cnt)
+                if return_logits:
+                    survs += [self._triton.survivors(b, m) for m in range(b.M)]
+            arg, cnt = (args[0], cnts[0]) if len(args) == 1 else (torch.cat(args), torch.cat(cnts))
             res = CertifiedResult(arg.reshape(lead), cnt.reshape(lead))
             if return_logits:
-                res.survivors = [self._triton.survivors(b, m) for m in range(x.shape[0])]
-                res.logits = [
-                    exact_logits(self.weight, x[m : m + 1], s)[0][0] for m, s in enumerate(res.survivors)
-                ]
+                res.survivors = survs
+                res.logits = [exact_logits(self.weight, x[m : m + 1], s)[0][0] for m, s in enumerate(survs)]
             return res
         if not bool(torch.isfinite(x).all()):
             raise ValueError("hidden states contain inf or NaN; the certified head needs finite inputs")

@@ -7,6 +7,7 @@ child pytest with TRITON_INTERPRET=1; in this process only the launcher test bel
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -29,7 +30,10 @@ def test_kernels_under_the_interpreter():
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout.split("\n")[-2], proc.stdout[-2000:]
+    # Only this launcher may be skipped in the child; every interpreted test must have run.
+    summary = proc.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed.group(1)) >= 6 and "1 skipped" in summary, summary
 
 
 if INTERPRETED:
@@ -53,7 +57,7 @@ if INTERPRETED:
 
     @pytest.mark.parametrize(
         ("V", "H", "M", "dtype"),
-        [(2048, 512, 1, torch.bfloat16), (1500, 200, 5, torch.float32), (999, 576, 17, torch.bfloat16)],
+        [(2048, 512, 1, torch.bfloat16), (1500, 200, 5, torch.float32), (600, 576, 66, torch.bfloat16)],
     )
     def test_bounds_sound_and_argmax_identical(V, H, M, dtype):
         gen = _gen(V + H + M)
@@ -108,6 +112,7 @@ if INTERPRETED:
 
     def test_real_smollm2_hidden_states():
         W, hidden = smollm2_head_and_hidden()
+        W = W[:16384].contiguous()  # a third of the real rows keeps the interpreter near 10 s
         h = hidden[::40][:4].contiguous()
         res = CertifiedHead(W, backend="triton").argmax(h)
         assert torch.equal(res.argmax, exact_argmax(W, h))
