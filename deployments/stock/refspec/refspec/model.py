@@ -72,6 +72,16 @@ class ModelArgs:
         )
 
 
+def _interleave(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Reorder each head's Q/K rows from HF's rotate-half halves to adjacent RoPE pairs.
+
+    Pair j of a head is (j, j + D/2) in HF's layout; adjacent pairs let RoPE be one complex
+    multiply. Q and K are reordered alike, so q·k, and with it attention, is unchanged.
+    """
+    rows = w.shape[0]
+    return w.view(heads, 2, rows // heads // 2, -1).transpose(1, 2).reshape(w.shape)
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """HF Llama's RMSNorm, op for op (F.rms_norm is slower on one CPU core at these sizes)."""
     if x.dtype != torch.float32:
@@ -108,7 +118,7 @@ class Linear:
 
 
 PACK_ROWS = 16  # oneDNN blocks the packed layout for this many rows
-GEMV_ROWS = 2  # up to this many rows a step streams W^T (GEMV) instead of the packed GEMM
+GEMV_ROWS = 1  # a single row (AR) streams W^T (GEMV); two rows and more use the packed GEMM
 
 
 def cpu_layouts() -> tuple[str, ...]:
@@ -150,24 +160,24 @@ class Transformer:
         self.layers = []
         for i in range(args.layers):
             p = f"model.layers.{i}."
+            wq = _interleave(w(p + "self_attn.q_proj.weight"), args.heads)
+            wk = _interleave(w(p + "self_attn.k_proj.weight"), args.kv_heads)
             self.layers.append(
                 (
                     w(p + "input_layernorm.weight"),
-                    lin(*(p + f"self_attn.{x}_proj.weight" for x in "qkv")),
+                    Linear(torch.cat([wq, wk, w(p + "self_attn.v_proj.weight")]).contiguous(), layout),
                     lin(p + "self_attn.o_proj.weight"),
                     w(p + "post_attention_layernorm.weight"),
                     lin(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                     lin(p + "mlp.down_proj.weight"),
                 )
             )
-        # RoPE tables in fp32 then cast, as HF computes them; rotate-half layout.
+        # RoPE as complex rotations e^(i·pos·θ_j), computed in fp32 as HF does.
         inv = 1.0 / (
             args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float32) / args.head_dim)
         )
         ang = torch.outer(torch.arange(args.max_positions, dtype=torch.float32), inv)
-        ang = torch.cat([ang, ang], dim=-1)
-        self.cos = ang.cos().to(device=device, dtype=dtype)
-        self.sin = ang.sin().to(device=device, dtype=dtype)
+        self.rope = torch.polar(torch.ones_like(ang), ang).to(device)
         self.kv: torch.Tensor | None = None  # [layers, 2, B, H_kv, S_max, D]
         self.batch = 0
 
@@ -218,33 +228,28 @@ class Transformer:
         group = hq // hk
         with region("other"):
             x = F.embedding(tokens, self.embed).view(bsz * rows, a.hidden)
-            cos = self.cos[positions].view(1, rows, 1, d)
-            sin = self.sin[positions].view(1, rows, 1, d)
+            rope = self.rope[positions].view(1, rows, 1, d // 2)
             if mask is not None:
-                # Additive bias, built once per forward and shared by every layer.
+                # One additive bias per forward, shared by every layer; the `group` query heads
+                # of a KV head are stacked as rows (GQA without repeating K/V).
                 bias = torch.zeros(mask.shape, device=self.device, dtype=self.dtype)
                 bias.masked_fill_(~mask, float("-inf"))
-                bias = (
-                    bias.view(1, 1, rows, kv_len)
-                    .expand(1, group, rows, kv_len)
-                    .reshape(1, 1, group * rows, kv_len)
-                )
-        half = d // 2
+                bias = bias.view(1, 1, rows, kv_len).expand(1, group, rows, kv_len)
+                bias = bias.reshape(1, 1, group * rows, kv_len)
         for i, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
             with region("other"):
                 h = rms_norm(x, ln1, a.rms_eps)
             with region("linear"):
                 qkv = wqkv(h)
             with region("other"):
-                # RoPE on Q and K heads together (rotate-half), V untouched.
                 qkv = qkv.view(bsz, rows, hq + 2 * hk, d)
                 qk = qkv[:, :, : hq + hk]
-                rot = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
-                qk = qk * cos + rot * sin
-                q = qk[:, :, :hq]
-                k = qk[:, :, hq:].transpose(1, 2)
-                v = qkv[:, :, hq + hk :].transpose(1, 2)
+                if qk.dtype != torch.float32:
+                    qk = qk.float()
+                qk = torch.view_as_real(torch.view_as_complex(qk.unflatten(-1, (-1, 2))) * rope)
+                qk = qk.flatten(-2).to(self.dtype)
                 kc, vc = self.kv[i, 0], self.kv[i, 1]
+                k, v = qk[:, :, hq:].transpose(1, 2), qkv[:, :, hq + hk :].transpose(1, 2)
                 if isinstance(slots, int):
                     kc[:, :, slots : slots + rows] = k
                     vc[:, :, slots : slots + rows] = v
@@ -252,18 +257,13 @@ class Transformer:
                     kc.index_copy_(2, slots, k)
                     vc.index_copy_(2, slots, v)
             with region("attention"):
-                # GQA without repeating K/V: the `group` query heads sharing a KV head become rows.
-                q = (
-                    q.reshape(bsz, rows, hk, group, d)
-                    .permute(0, 2, 3, 1, 4)
-                    .reshape(bsz, hk, group * rows, d)
+                q = qk[:, :, :hq].reshape(bsz, rows, hk, group, d).permute(0, 2, 3, 1, 4)
+                o = F.scaled_dot_product_attention(
+                    q.reshape(bsz, hk, group * rows, d),
+                    kc[:, :, :kv_len],
+                    vc[:, :, :kv_len],
+                    attn_mask=bias if mask is not None else None,
                 )
-                s = torch.matmul(q, kc[:, :, :kv_len].transpose(2, 3))
-                s.mul_(d**-0.5)
-                if mask is not None:
-                    s.add_(bias)
-                s = torch.softmax(s, dim=-1, dtype=torch.float32).to(self.dtype)
-                o = torch.matmul(s, vc[:, :, :kv_len])
                 o = o.view(bsz, hk, group, rows, d).permute(0, 3, 1, 2, 4).reshape(bsz * rows, hq * d)
             with region("linear"):
                 x = x + wo(o)
