@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -23,13 +24,6 @@ from refspec.weights import SMOLLM2, resolve_model  # noqa: E402
 TREE = stock_tree_path("refspec")
 # One compute thread, as on a serving slot: the machine is shared and the engine is single-core.
 torch.set_num_threads(1)
-
-# Real HumanEval-style code prompts stand in only where the workloads module is absent (see
-# humaneval_prompts); every prompt is rendered through the model's own chat template.
-FALLBACK_CODE = [
-    'from typing import List\n\n\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n    """ Check if in given list of numbers, are any two numbers closer to each other than\n    given threshold.\n    >>> has_close_elements([1.0, 2.0, 3.0], 0.5)\n    False\n    >>> has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3)\n    True\n    """\n',
-    'def truncate_number(number: float) -> float:\n    """ Given a positive floating point number, it can be decomposed into\n    and integer part (largest integer smaller than given number) and decimals\n    (leftover part always smaller than 1).\n\n    Return the decimal part of the number.\n    >>> truncate_number(3.5)\n    0.5\n    """\n',
-]
 
 
 @pytest.fixture(scope="session")
@@ -54,14 +48,11 @@ def engine(model) -> Engine:
     return Engine(model, load_config())
 
 
+@functools.cache
 def humaneval_prompts(n: int) -> list[list[int]]:
     """Token ids of the first n HumanEval prompts of the smollm-cpu workload (CONTRACTS §6)."""
     from specpilot.deployments import Home, load_deployment
-
-    try:
-        from specpilot.deployments.workloads import load_requests, request_file
-    except ImportError:  # TEMP until the workloads module lands on main
-        return [load_tokenizer(resolve_model(SMOLLM2))[0].encode(t).ids for t in FALLBACK_CODE * 2][:n]
+    from specpilot.deployments.workloads import load_requests, request_file
 
     home = Home.resolve(os.environ.get("SPECPILOT_HOME"))
     requests = load_requests(request_file(load_deployment("smollm-cpu"), home))
