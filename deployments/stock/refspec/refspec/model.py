@@ -84,8 +84,9 @@ def _interleave(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """HF Llama's RMSNorm, op for op (F.rms_norm is slower on one CPU core at these sizes)."""
-    if x.dtype != torch.float32:
-        return w * rms_norm(x.float(), torch.ones((), dtype=torch.float32), eps).to(x.dtype)
+    if x.dtype != torch.float32:  # HF normalizes in fp32 and scales in the model's dtype
+        xf = x.float()
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
