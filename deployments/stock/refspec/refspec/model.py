@@ -154,10 +154,22 @@ class Transformer:
         def lin(*names: str) -> Linear:
             return Linear(torch.cat([w(n) for n in names]).contiguous(), layout)
 
-        self.embed = w("model.embed_tokens.weight")
+        def keep(name: str) -> torch.Tensor:
+            # A copy: safetensors tensors may live in the file's mmap, which would stay mapped.
+            return w(name).clone()
+
         tied = args.tied or "lm_head.weight" not in state
-        self.lm_head = Linear(self.embed, layout) if tied else lin("lm_head.weight")
-        self.norm = w("model.norm.weight")
+        self.lm_head = lin("model.embed_tokens.weight" if tied else "lm_head.weight")
+        # A tied head's plain weight is the embedding table; its W^T copy serves as one too (a
+        # strided row gather), so no layout keeps a third copy.
+        head = self.lm_head
+        if tied and head.plain is not None:
+            self.embed = head.plain
+        elif tied and head.gemv is not None:
+            self.embed = head.gemv.t()
+        else:
+            self.embed = keep("model.embed_tokens.weight")
+        self.norm = keep("model.norm.weight")
         self.layers = []
         for i in range(args.layers):
             p = f"model.layers.{i}."
@@ -165,10 +177,10 @@ class Transformer:
             wk = _interleave(w(p + "self_attn.k_proj.weight"), args.kv_heads)
             self.layers.append(
                 (
-                    w(p + "input_layernorm.weight"),
+                    keep(p + "input_layernorm.weight"),
                     Linear(torch.cat([wq, wk, w(p + "self_attn.v_proj.weight")]).contiguous(), layout),
                     lin(p + "self_attn.o_proj.weight"),
-                    w(p + "post_attention_layernorm.weight"),
+                    keep(p + "post_attention_layernorm.weight"),
                     lin(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                     lin(p + "mlp.down_proj.weight"),
                 )
