@@ -105,7 +105,7 @@ def test_serve_protocol(engine, prompts):
 
 
 def test_end_of_input_exits_zero():
-    server = Server("cpu:1")
+    server = Server("cpu:0")
     try:
         assert server.read()[0]["ready"] is True
         server.proc.stdin.close()
