@@ -11,7 +11,7 @@ import typer
 
 from specpilot.deployments import Home
 
-from . import cli_costmodel, cli_deployments, cli_workspace
+from . import cli_costmodel, cli_deployments, cli_workloads, cli_workspace
 from .output import Ctx, err_console
 
 app = typer.Typer(
@@ -24,6 +24,7 @@ app = typer.Typer(
 app.add_typer(cli_deployments.app, name="deployments")
 app.add_typer(cli_workspace.app, name="workspace")
 cli_costmodel.register(app)
+app.add_typer(cli_workloads.app, name="workloads")
 
 
 @app.callback()
