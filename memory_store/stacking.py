@@ -92,7 +92,14 @@ class Stacker:
             )
 
     def build(self, stock: str, entries: Sequence[Entry]) -> str:
-        """Stock + each entry's delta in the given order; the final tree hash."""
+        """Stock + each entry's delta in the given order; the final tree hash.
+
+        `stock` must have been hashed into this stacker first (`stock_hash`/`hash_dir`).
+        """
+        if stock not in self._hashes.values():
+            raise ValueError(
+                f"stock tree {stock[:12]} was not hashed into this stacker; call stock_hash first"
+            )
         tree = stock
         applied: tuple[tuple[str, str], ...] = ()  # (name, delta): a changed delta never hits the memo
         for e in entries:

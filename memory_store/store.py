@@ -18,7 +18,7 @@ from sqlalchemy.orm import selectinload
 from specpilot.deployments import Deployment, Home, SpecPilotError
 
 from .dag import application_order
-from .db import Database
+from .db import Database, connect
 from .entry import Entry, Variant
 from .models import EntryRow, EvidenceRow, RequirementRow, VariantRow, now
 from .stock import StockTree, engine_stocks, stock_for
@@ -120,10 +120,10 @@ class Memory:
                     s.flush()
                     ids[e.name] = row.id
         except IntegrityError:
-            taken = set(self.by_name()).intersection(e.name for e in entries)
+            taken = sorted(set(self.by_name()).intersection(e.name for e in entries))
             raise SpecPilotError(
-                f"memory entry {sorted(taken) or [e.name for e in entries]} already exists; entries are "
-                "immutable, store the new code under another name"
+                f"memory entry {', '.join(taken) or 'of that name'} already exists (stored by another process "
+                "meanwhile); entries are immutable, store the new code under another name"
             ) from None
 
     def add_evidence(self, name: str, item: dict[str, Any]) -> None:
@@ -163,3 +163,8 @@ def _to_row(e: Entry) -> EntryRow:
             for ev in e.evidence
         ],
     )
+
+
+def open_memory(home: Home, url: str | None = None) -> Memory:
+    """The memory of `home` (its database at `url`, default the home's), schema migrated."""
+    return Memory(connect(home, url), home)

@@ -7,33 +7,13 @@ import tomllib
 from pathlib import Path
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.tree import Tree
 
+import specpilot.memory_store as ms  # its parts load on first use: other commands stay quick
 from specpilot.deployments import SpecPilotError, load_deployment
-from specpilot.memory_store import (
-    Entry,
-    EntryMeta,
-    Memory,
-    SealResult,
-    StockTree,
-    add_entry,
-    builtin_bundles,
-    check_bundle,
-    engine_stocks,
-    export_bundle,
-    find_systems,
-    import_bundle,
-    open_memory,
-    replay,
-    restock_bundle,
-    seal_check,
-    seal_system,
-)
-from specpilot.memory_store.entry import describe
 
 from .output import Ctx, emit
 from .workspace import Workspace
@@ -58,7 +38,7 @@ def delta_stats(delta: str) -> dict[str, int]:
     }
 
 
-def _summary_row(e: Entry) -> dict:
+def _summary_row(e: ms.Entry) -> dict:
     return {
         "name": e.name,
         "engine": e.engine,
@@ -78,7 +58,7 @@ def list_(
 ) -> None:
     """Every entry, one line each."""
     c: Ctx = ctx.obj
-    rows = [_summary_row(e) for e in open_memory(c.home).entries(engine)]
+    rows = [_summary_row(e) for e in ms.open_memory(c.home).entries(engine)]
 
     def render(con: Console) -> None:
         if not rows:
@@ -114,7 +94,7 @@ def show(
 ) -> None:
     """One entry: its base, requirements, variants, contracts, evidence, limits and delta."""
     c: Ctx = ctx.obj
-    memory = open_memory(c.home)
+    memory = ms.open_memory(c.home)
     e = memory.get(name)
     required_by = sorted(x.name for x in memory.entries() if name in x.requires)
     data = e.as_dict(delta=delta) | {"required_by": required_by, "delta_stats": delta_stats(e.delta)}
@@ -151,7 +131,7 @@ def graph(
 ) -> None:
     """The requirement DAG: each entry above the entries it requires."""
     c: Ctx = ctx.obj
-    memory = open_memory(c.home)
+    memory = ms.open_memory(c.home)
     known = memory.by_name()
     entries = memory.resolve([name], known) if name else list(known.values())
     edges = [[e.name, r] for e in entries for r in e.requires]
@@ -182,7 +162,11 @@ def graph(
     emit(c, data, render)
 
 
-def _meta(path: Path | None, summary: str | None, factor: str | None, contracts: list[str]) -> EntryMeta:
+def _meta(path: Path | None, summary: str | None, factor: str | None, contracts: list[str]) -> ms.EntryMeta:
+    from pydantic import ValidationError
+
+    from specpilot.memory_store.entry import describe
+
     raw: dict = {}
     if path is not None:
         try:
@@ -198,12 +182,12 @@ def _meta(path: Path | None, summary: str | None, factor: str | None, contracts:
     raw |= {"target_factor": factor} if factor is not None else {}
     raw |= {"contracts": [*raw.get("contracts", []), *contracts]} if contracts else {}
     try:
-        return EntryMeta.model_validate(raw)
+        return ms.EntryMeta.model_validate(raw)
     except ValidationError as err:
         raise SpecPilotError(f"{path or 'entry metadata'}: {describe(err)}") from None
 
 
-def _stock(memory: Memory, deployment: str | None, engine: str | None) -> StockTree:
+def _stock(memory: ms.Memory, deployment: str | None, engine: str | None) -> ms.StockTree:
     if deployment is not None:
         return memory.stock_for(load_deployment(deployment, memory.home))
     engine = engine or "refspec"
@@ -253,8 +237,8 @@ def add(
             raise SpecPilotError(f"workspace {deployment!r} has no worktree {worktree!r} ({source})")
     else:
         source = dir  # type: ignore[assignment]
-    memory = open_memory(c.home)
-    entry = add_entry(
+    memory = ms.open_memory(c.home)
+    entry = ms.add_entry(
         memory,
         name,
         source,
@@ -283,7 +267,7 @@ def export(
 ) -> None:
     """Write entries and their requirements as a bundle: bundle.json + one .patch per entry."""
     c: Ctx = ctx.obj
-    names = export_bundle(open_memory(c.home), out, _split(entries) or None, force=force)
+    names = ms.export_bundle(ms.open_memory(c.home), out, _split(entries) or None, force=force)
     emit(
         c,
         {"bundle": str(out), "entries": names},
@@ -304,13 +288,13 @@ def import_(
     if (bundle is None) == (builtin is None):
         raise SpecPilotError("give exactly one of a BUNDLE folder or --builtin ENGINE")
     if builtin is not None:
-        shipped = builtin_bundles()
+        shipped = ms.builtin_bundles()
         if builtin not in shipped:
             raise SpecPilotError(
                 f"no built-in bundle for engine {builtin!r}; built in: {', '.join(shipped) or 'none'}"
             )
         bundle = shipped[builtin]
-    res = import_bundle(open_memory(c.home), bundle)  # type: ignore[arg-type]
+    res = ms.import_bundle(ms.open_memory(c.home), bundle)  # type: ignore[arg-type]
     data = {"bundle": str(bundle), "added": res.added, "present": res.present}
 
     def render(con: Console) -> None:
@@ -331,11 +315,11 @@ def replay_(
 ) -> None:
     """Build a system from stock and chosen entries; print its tree hash."""
     c: Ctx = ctx.obj
-    memory = open_memory(c.home)
+    memory = ms.open_memory(c.home)
     dep = load_deployment(deployment, c.home)
-    r = replay(memory, dep, _split(entries), out)
+    r = ms.replay(memory, dep, _split(entries), out)
     if seal:
-        seal_system(memory, dep, r.entries, r.tree)
+        ms.seal_system(memory, dep, r.entries, r.tree)
     data = {
         "deployment": dep.name,
         "stock": r.stock.label,
@@ -363,7 +347,7 @@ def restock(
 ) -> None:
     """Rebase a bundle onto its engine's current stock tree (maintainers, after a stock change)."""
     c: Ctx = ctx.obj
-    names = restock_bundle(bundle, lambda engine: engine_stocks(engine, c.home))
+    names = ms.restock_bundle(bundle, lambda engine: ms.engine_stocks(engine, c.home))
     emit(
         c,
         {"bundle": str(bundle), "entries": names},
@@ -371,7 +355,7 @@ def restock(
     )
 
 
-def _render_results(con: Console, results: list[SealResult]) -> None:
+def _render_results(con: Console, results: list[ms.SealResult]) -> None:
     if not results:
         con.print("nothing to check: no entries or sealed systems")
         return
@@ -400,17 +384,17 @@ def seal_check_cmd(
 ) -> None:
     """Recompute every reproduction (entries, sealed systems, bundles); exit 1 when any differs."""
     c: Ctx = ctx.obj
-    bundles = list(bundle) + (list(builtin_bundles().values()) if builtin else [])
-    results: list[SealResult] = []
+    bundles = list(bundle) + (list(ms.builtin_bundles().values()) if builtin else [])
+    results: list[ms.SealResult] = []
     if entry or system or all_ or not bundles:
-        memory = open_memory(c.home)
-        systems = [s for ref in system for s in find_systems(memory.db, ref)]
+        memory = ms.open_memory(c.home)
+        systems = [s for ref in system for s in ms.find_systems(memory.db, ref)]
         if all_ or not (entry or system):
-            results += seal_check(memory)
+            results += ms.seal_check(memory)
         else:
-            results += seal_check(memory, entries=entry, systems=systems)
+            results += ms.seal_check(memory, entries=entry, systems=systems)
     for b in bundles:
-        results += check_bundle(b, lambda engine: engine_stocks(engine, c.home))
+        results += ms.check_bundle(b, lambda engine: ms.engine_stocks(engine, c.home))
     emit(c, [r.as_dict() for r in results], lambda con: _render_results(con, results))
     if not all(r.ok for r in results):
         raise typer.Exit(1)
