@@ -11,7 +11,7 @@ import typer
 
 from specpilot.deployments import Home
 
-from . import cli_deployments, cli_memory, cli_workspace
+from . import cli_deployments, cli_memory, cli_workloads, cli_workspace
 from .output import Ctx, err_console
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app = typer.Typer(
 )
 app.add_typer(cli_deployments.app, name="deployments")
 app.add_typer(cli_workspace.app, name="workspace")
+app.add_typer(cli_workloads.app, name="workloads")
 app.add_typer(cli_memory.app, name="memory")
 app.command("seal-check")(cli_memory.seal_check_cmd)
 

@@ -1,0 +1,118 @@
+"""Token-forcing audit statistics (ARCHITECTURE §6, paper §3.4).
+
+The scorer — the stock target with an FP32 LM head — is run teacher-forced over prompt + a system's
+output. A position is a mismatch when the system's token differs from the scorer's argmax; its
+margin is log p(argmax) − log p(system token) ≥ 0. Phase 0 sets the near-tie threshold δ from the
+margins where stock first diverges from AR. A candidate is rejected when its mismatch rate exceeds
+stock's by more than 0.5 percentage points, or when its large mismatches (margin ≥ 2δ) are
+significantly more frequent than stock's: a one-sided Fisher exact test on the 2×2 table
+(large events, other positions) × (candidate, stock), p < 0.05.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+DELTA_STEP = 1 / 8
+MAX_RATE_EXCESS = 0.005  # 0.5 percentage points
+LARGE_EVENT_ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class ScoredOutput:
+    """One request's output as the scorer sees it."""
+
+    id: str
+    tokens: list[int]  # the system's output tokens
+    argmax: list[int]  # the scorer's argmax at each output position
+    margins: list[float]  # log p(argmax) − log p(system token); 0.0 where they agree
+
+    def mismatches(self) -> list[int]:
+        return [i for i, (t, a) in enumerate(zip(self.tokens, self.argmax, strict=True)) if t != a]
+
+
+def calibrate_delta(first_divergence_margins: Sequence[float]) -> float:
+    """δ = the largest margin at a first stock-vs-AR divergence, rounded up to a multiple of 1/8.
+
+    With no divergence at all (stock reproduced AR exactly) δ is the smallest step, 1/8, so 2δ
+    still separates near-ties from real departures.
+    """
+    worst = max(first_divergence_margins, default=0.0)
+    return max(DELTA_STEP, math.ceil(worst / DELTA_STEP - 1e-9) * DELTA_STEP)
+
+
+@dataclass(frozen=True)
+class Event:
+    """A large mismatch: margin ≥ 2δ."""
+
+    id: str
+    position: int
+    token: int
+    argmax: int
+    margin: float
+    explained: bool  # stock mismatches at the same (request, position) too
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    positions: int
+    mismatches: int
+    rate: float
+    stock_positions: int
+    stock_mismatches: int
+    stock_rate: float
+    delta: float
+    events: list[Event]
+    stock_events: int
+    p_large: float  # one-sided Fisher p: candidate large events more frequent than stock's
+    reasons: list[str]  # why rejected; empty = passes
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons
+
+    @property
+    def unexplained(self) -> list[Event]:
+        return [e for e in self.events if not e.explained]
+
+
+def _counts(outputs: Sequence[ScoredOutput], threshold: float) -> tuple[int, int, int]:
+    positions = sum(len(o.tokens) for o in outputs)
+    mism = sum(len(o.mismatches()) for o in outputs)
+    large = sum(1 for o in outputs for m in o.margins if m >= threshold)
+    return positions, mism, large
+
+
+def audit(candidate: Sequence[ScoredOutput], stock: Sequence[ScoredOutput], delta: float) -> AuditResult:
+    """Compare a candidate's token-forcing figures with stock's on the same requests."""
+    large_at = 2 * delta
+    pos, mism, large = _counts(candidate, large_at)
+    s_pos, s_mism, s_large = _counts(stock, large_at)
+    stock_mismatch_at = {(o.id, i) for o in stock for i in o.mismatches()}
+    events = [
+        Event(o.id, i, o.tokens[i], o.argmax[i], o.margins[i], (o.id, i) in stock_mismatch_at)
+        for o in candidate
+        for i in o.mismatches()
+        if o.margins[i] >= large_at
+    ]
+    rate = mism / pos if pos else 0.0
+    s_rate = s_mism / s_pos if s_pos else 0.0
+    table = np.array([[large, pos - large], [s_large, s_pos - s_large]])
+    p_large = float(stats.fisher_exact(table, alternative="greater").pvalue) if pos and s_pos else 1.0
+    reasons = []
+    if rate > s_rate + MAX_RATE_EXCESS:
+        reasons.append(
+            f"audit: mismatch rate {rate:.2%} ({mism}/{pos}) exceeds stock's {s_rate:.2%} "
+            f"({s_mism}/{s_pos}) by more than 0.5 points"
+        )
+    if p_large < LARGE_EVENT_ALPHA:
+        reasons.append(
+            f"audit: {large} mismatches with margin >= 2δ = {large_at:.3f} vs stock's {s_large} "
+            f"(one-sided Fisher exact p = {p_large:.2g} < {LARGE_EVENT_ALPHA})"
+        )
+    return AuditResult(pos, mism, rate, s_pos, s_mism, s_rate, delta, events, s_large, p_large, reasons)

@@ -1,0 +1,22 @@
+"""Workloads: real benchmark prompt sets, the target's chat template, and request files (CONTRACTS §6)."""
+
+from .chat import ChatTemplate, load_chat_template, target_folder
+from .request_files import Request, load_requests, request_file, sample_prompts, summarize
+from .sources import SETS, Prompt, SetInfo, available_offline, load_prompts, local_path
+
+__all__ = [
+    "SETS",
+    "ChatTemplate",
+    "Prompt",
+    "Request",
+    "SetInfo",
+    "available_offline",
+    "load_chat_template",
+    "load_prompts",
+    "load_requests",
+    "local_path",
+    "request_file",
+    "sample_prompts",
+    "summarize",
+    "target_folder",
+]

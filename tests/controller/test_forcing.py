@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+from scipy import stats as sps
+
+from specpilot.controller.forcing import ScoredOutput, audit, calibrate_delta
+
+
+def test_delta_rounds_up_to_eighths():
+    assert calibrate_delta([0.05, 0.232]) == 0.25  # the paper's 0.232 nat -> 1/4
+    assert calibrate_delta([0.125]) == 0.125
+    assert calibrate_delta([0.126]) == 0.25
+    assert calibrate_delta([]) == 0.125  # no divergence: the smallest step
+
+
+def _out(rid, n, mism):
+    """n positions; `mism` maps position -> margin of a mismatch there."""
+    tokens = list(range(n))
+    argmax = [t if i not in mism else t + 1000 for i, t in enumerate(tokens)]
+    margins = [mism.get(i, 0.0) for i in range(n)]
+    return ScoredOutput(rid, tokens, argmax, margins)
+
+
+def test_stock_against_itself_passes():
+    stock = [_out("a", 400, {10: 0.01}), _out("b", 400, {})]
+    res = audit(stock, stock, delta=0.125)
+    assert res.passed
+    assert (res.mismatches, res.positions, res.rate) == (1, 800, 1 / 800)
+    assert res.events == []
+
+
+def test_rate_excess_rejects():
+    stock = [_out("a", 1000, {})]
+    cand = [_out("a", 1000, {i: 0.05 for i in range(0, 1000, 150)})]  # 7 small mismatches: 0.7%
+    res = audit(cand, stock, delta=0.125)
+    assert not res.passed and "exceeds stock's 0.00%" in res.reasons[0]
+    assert res.events == []  # all below 2δ
+
+
+def test_large_events_use_a_one_sided_fisher_test_and_are_explained_against_stock():
+    stock = [_out("a", 2000, {5: 0.3})]
+    cand = [_out("a", 2000, {5: 0.3, **{i: 1.0 for i in range(100, 2000, 200)}})]  # 11 large, 1 explained
+    res = audit(cand, stock, delta=0.125)
+    expected_p = sps.fisher_exact([[11, 1989], [1, 1999]], alternative="greater").pvalue
+    assert res.p_large == pytest.approx(expected_p)
+    assert expected_p < 0.05 and any("Fisher" in r for r in res.reasons)
+    assert len(res.events) == 11 and len(res.unexplained) == 10
+    assert [e.position for e in res.events if e.explained] == [5]
