@@ -19,6 +19,9 @@ from specpilot.deployments import SpecPilotError
 from specpilot.deployments.stock import IGNORED_PARTS
 
 FILE_MODE = "100644"
+# The same caches `source_files` skips, as git exclude patterns: a repository whose commits must
+# hash like `write_tree` (a workspace) lists them in `info/exclude`.
+CACHE_EXCLUDES = [*sorted(IGNORED_PARTS), "*.pyc"]
 # Git commands on scratch repositories must not see the user's config (diff.noprefix,
 # apply.whitespace, core.autocrlf, ...): they would change deltas and trees.
 ISOLATED_ENV = {

@@ -22,7 +22,7 @@ from pathlib import Path
 import git
 
 from specpilot.deployments import Deployment, Home, SpecPilotError
-from specpilot.memory_store.gittree import git_run, write_tree
+from specpilot.memory_store.gittree import CACHE_EXCLUDES, git_run, write_tree
 from specpilot.memory_store.stock import stock_for
 
 STOCK_TAG = "stock"
@@ -168,6 +168,9 @@ def _create_repo(path: Path, src: Path) -> None:
         cfg.set_value("core", "autocrlf", "false")
         cfg.set_value("user", "name", IDENTITY["GIT_AUTHOR_NAME"])
         cfg.set_value("user", "email", IDENTITY["GIT_AUTHOR_EMAIL"])
+    # Commits of candidate worktrees must hash like the memory store's content-only trees.
+    (path / ".git" / "info").mkdir(exist_ok=True)
+    (path / ".git" / "info" / "exclude").write_text("\n".join(CACHE_EXCLUDES) + "\n")
     tree = write_tree(path, src)
     commit = git_run(path, "commit-tree", tree, "-m", "stock", env={**IDENTITY, **FIXED_DATES})
     git_run(path, "tag", STOCK_TAG, commit)
