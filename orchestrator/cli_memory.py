@@ -386,7 +386,7 @@ def seal_check_cmd(
     c: Ctx = ctx.obj
     bundles = list(bundle) + (list(ms.builtin_bundles().values()) if builtin else [])
     results: list[ms.SealResult] = []
-    if entry or system or all_ or not bundles:
+    if entry or system or all_ or not (bundle or builtin):
         memory = ms.open_memory(c.home)
         systems = [s for ref in system for s in ms.find_systems(memory.db, ref)]
         if all_ or not (entry or system):
