@@ -85,6 +85,21 @@ class Entry:
             out["delta"] = self.delta
         return out
 
+    def delta_stats(self) -> dict[str, int]:
+        """Files the delta changes and the lines it adds and removes (hunk lines only)."""
+        files = added = removed = 0
+        in_hunk = False
+        for line in self.delta.splitlines():
+            if line.startswith("diff --git "):
+                files, in_hunk = files + 1, False
+            elif line.startswith("@@"):
+                in_hunk = True
+            elif in_hunk and line.startswith("+"):
+                added += 1
+            elif in_hunk and line.startswith("-"):
+                removed += 1
+        return {"files": files, "added": added, "removed": removed}
+
     def same_code(self, other: Entry) -> bool:
         """True when both entries are the same mechanism: same base, requirements and delta."""
         return (self.engine, self.stock_tree, self.requires, self.delta, self.tree) == (

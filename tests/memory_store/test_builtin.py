@@ -19,7 +19,9 @@ def test_builtin_bundle_seal_checks(engine, tmp_path):
     results = check_bundle(SHIPPED[engine], lambda eng: engine_stocks(eng, Home(tmp_path)))
     assert results, f"built-in bundle {engine} is empty"
     bad = [(r.name, r.detail) for r in results if not r.ok]
-    assert not bad, f"built-in bundle {engine} no longer reproduces (after a stock change run `specpilot memory restock {SHIPPED[engine]}`): {bad}"
+    assert not bad, (
+        f"built-in bundle {engine} no longer reproduces (after a stock change run `specpilot memory restock {SHIPPED[engine]}`): {bad}"
+    )
 
 
 def test_seal_check_builtin_on_the_command_line(home):
