@@ -98,19 +98,21 @@ class Database:
 
 
 def describe_error(e: DBAPIError, url: str) -> str:
-    """One line for a database failure: locked, unreachable, or what the driver said."""
+    """One line for a database failure: locked, unreachable, or what the driver said.
+
+    Decided by the driver's error, never by words in the message (which may quote a path).
+    """
     orig = e.orig if e.orig is not None else e
     msg = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
-    low = msg.lower()
-    if "locked" in low or "lock timeout" in low or type(orig).__name__ == "LockNotAvailable":
+    sqlstate = getattr(orig, "sqlstate", None)
+    sqlite = type(orig).__module__.startswith("sqlite3")
+    if sqlstate == "55P03" or (sqlite and msg in ("database is locked", "database table is locked")):
         return (
             f"database {url} is locked by another process (waited {lock_timeout():g} s: {msg}); "
             "let the other specpilot command finish, or raise SPECPILOT_DB_TIMEOUT"
         )
-    if e.connection_invalidated or any(
-        s in low
-        for s in ("connection", "could not translate host", "no such host", "unable to open database")
-    ):
+    unreachable = msg == "unable to open database file" if sqlite else sqlstate is None
+    if unreachable or e.connection_invalidated:
         return f"cannot reach database {url}: {msg}; check SPECPILOT_DB_URL and that the server is running"
     return f"database {url}: {msg}"
 

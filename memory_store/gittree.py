@@ -66,7 +66,10 @@ def source_files(src: Path) -> Iterator[Path]:
     tracked and untracked files minus ignored ones, so its hash equals its commit's tree.
     """
     if (src / ".git").exists():
-        out = git_bytes(src, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+        try:
+            out = git_bytes(src, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+        except GitError as e:
+            raise SpecPilotError(f"{src} is a git checkout, but git cannot list its files: {e.stderr}") from None
         names = sorted({n for n in out.decode().split("\0") if n})
         rels = (Path(n) for n in names if (src / n).is_file())
     else:

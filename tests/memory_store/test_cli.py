@@ -140,3 +140,29 @@ def test_missing_requirement_on_the_command_line(home, tmp_path):
 def test_empty_memory_seal_check_and_list(home):
     assert "nothing to check" in run_cli("seal-check", home=home, check=True).stdout
     assert "the memory is empty" in run_cli("memory", "list", home=home, check=True).stdout
+
+
+def test_unreachable_or_locked_database_on_the_command_line(home, tmp_path, monkeypatch):
+    import sqlite3
+
+    monkeypatch.setenv("SPECPILOT_DB_URL", f"postgresql://specpilot:hunter2@/memory?host={tmp_path}/none")
+    proc = run_cli("memory", "list", home=home)
+    assert proc.returncode == 2 and "cannot reach database" in proc.stderr and "hunter2" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+    monkeypatch.delenv("SPECPILOT_DB_URL")
+    monkeypatch.setenv("SPECPILOT_DB_TIMEOUT", "0.1")
+    run_cli("memory", "list", home=home, check=True)  # creates the database
+    holder = sqlite3.connect(home / "specpilot.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        from specpilot.deployments.stock import stock_tree_path
+
+        src = edited(tmp_path, stock_tree_path("refspec"), "src", {"refspec/memtest.py": "A = 1\n"})
+        proc = run_cli("memory", "add", "x", "--dir", str(src), home=home)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert proc.returncode == 2 and "is locked by another process" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert run_cli("--json", "memory", "list", home=home, check=True).stdout.strip() == "[]"

@@ -17,6 +17,8 @@ from specpilot.memory_store import connect
 from specpilot.memory_store.db import MIGRATIONS, REVISIONS, VERSION_TABLE, schema_revision
 from specpilot.memory_store.models import Base
 
+from .conftest import BACKENDS
+
 TABLES = {
     "entries", "requirements", "variants", "evidence", "systems",
     "runs", "verdicts", "rounds", "deployment_state", VERSION_TABLE,
@@ -112,3 +114,25 @@ def test_failed_migration_leaves_the_database_as_it_was(tmp_path):
     with sqlite3.connect(path) as raw:
         names = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert names == {"rounds"}
+
+
+@pytest.mark.parametrize("backend", [BACKENDS[1]], indirect=True)  # SQLite locking is tested above
+def test_locked_postgres_table_is_one_clear_error(memory, monkeypatch):
+    import os
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from specpilot.memory_store import records
+
+    monkeypatch.setenv("SPECPILOT_DB_TIMEOUT", "0.2")
+    url = make_url(os.environ["SPECPILOT_DB_URL"]).set(drivername="postgresql")
+    db = connect(memory.home)  # opened after the timeout change: its lock_timeout is 0.2 s
+    with psycopg.connect(url.render_as_string(hide_password=False)) as holder:
+        holder.execute("LOCK TABLE deployment_state IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(SpecPilotError, match=r"is locked by another process \(waited 0.2 s"):
+            records.set_state(db, "smollm-cpu", "delta", 0.25)
+        holder.rollback()
+    records.set_state(db, "smollm-cpu", "delta", 0.25)
+    assert records.get_state(db, "smollm-cpu", "delta") == 0.25
+    db.close()

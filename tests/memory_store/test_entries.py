@@ -170,6 +170,11 @@ def test_evidence_grows(memory, toy_stock, tmp_path):
 
 def test_delta_stats_count_hunk_lines_only(memory, toy_stock, tmp_path):
     # Content lines that look like diff headers ("++x" added shows as "+++x") still count.
-    src = edited(tmp_path, toy_stock.path, "s", {"toy/engine.py": FAST, "notes.txt": "++x\n--y\n", "toy/__init__.py": None})
+    src = edited(
+        tmp_path,
+        toy_stock.path,
+        "s",
+        {"toy/engine.py": FAST, "notes.txt": "++x\n--y\n", "toy/__init__.py": None},
+    )
     e = add_entry(memory, "stats", src, toy_stock)
     assert e.delta_stats() == {"files": 3, "added": 3, "removed": 2}
