@@ -23,7 +23,7 @@ from pydantic import ValidationError, field_validator
 from specpilot.deployments import SpecPilotError
 
 from .dag import application_order
-from .entry import Entry, EntryMeta, StrictModel, check_name, check_requires, describe
+from .entry import TREE_RE, Entry, EntryMeta, StrictModel, check_name, check_requires, describe
 from .sealcheck import SealResult, check_entries
 from .stacking import Stacker
 from .stock import StockTree
@@ -47,7 +47,7 @@ class BundleEntry(EntryMeta):
     @field_validator("stock_tree", "tree")
     @classmethod
     def _hash(cls, v: str) -> str:
-        if len(v) not in (40, 64) or any(c not in "0123456789abcdef" for c in v):
+        if not TREE_RE.match(v):
             raise ValueError(f"{v!r} is not a git tree hash")
         return v
 
@@ -74,8 +74,11 @@ def read_bundle(path: Path) -> list[Entry]:
     entries: list[Entry] = []
     seen: set[str] = set()
     for b in bundle.entries:
-        check_name(b.name)
-        check_requires(b.name, b.requires)
+        try:
+            check_name(b.name)
+            check_requires(b.name, b.requires)
+        except SpecPilotError as e:
+            raise SpecPilotError(f"{where}: {e}") from None
         if b.name in seen:
             raise SpecPilotError(f"{where}: entry {b.name!r} is listed twice")
         if b.patch != f"{b.name}.patch":
@@ -225,7 +228,7 @@ def restock_bundle(path: Path, stocks: StockLookup) -> list[str]:
                 )
             new_stock = st.stock_hash(options[0])
             moved = replace(e, stock_tree=new_stock)
-            base = st.build(new_stock, requirements_of(moved, done))
+            base = st.build(new_stock, requirements_of(moved, done, where=f"bundle {path}"))
             tree = st.apply(base, e.delta, e.name)
             fresh = replace(moved, tree=tree, delta=st.diff(base, tree))
             st.check_variants(tree, fresh.variants, fresh.name)

@@ -69,7 +69,9 @@ def source_files(src: Path) -> Iterator[Path]:
         try:
             out = git_bytes(src, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
         except GitError as e:
-            raise SpecPilotError(f"{src} is a git checkout, but git cannot list its files: {e.stderr}") from None
+            raise SpecPilotError(
+                f"{src} is a git checkout, but git cannot list its files: {e.stderr}"
+            ) from None
         names = sorted({n for n in out.decode().split("\0") if n})
         rels = (Path(n) for n in names if (src / n).is_file())
     else:
