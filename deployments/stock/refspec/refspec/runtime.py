@@ -1,0 +1,122 @@
+"""What serve, record and profile share: device slots, pinning, loading the engine, requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Config
+from .errors import RefspecError
+
+_SLOT = re.compile(r"^(cpu|cuda):(\d+)$")
+
+
+def parse_slot(slot: str) -> tuple[str, int]:
+    """'cpu:N' or 'cuda:N' -> (kind, N)."""
+    m = _SLOT.match(slot)
+    if not m:
+        raise RefspecError(f"device slot {slot!r} is not cpu:N or cuda:N")
+    return m.group(1), int(m.group(2))
+
+
+def pin_cpu(core: int, threads: int) -> None:
+    """Pin this process to one core with `threads` compute threads; call before importing torch."""
+    cores = os.sched_getaffinity(0)
+    if core not in cores:
+        raise RefspecError(f"cpu:{core} is not available here; this process may run on cores {sorted(cores)}")
+    os.sched_setaffinity(0, {core})
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+
+
+def open_engine(slot: str, model: str, cache: Path | None, config: Config):
+    """The Engine for a model name or folder on a device slot (pins a CPU slot first)."""
+    kind, index = parse_slot(slot)
+    if kind == "cpu":
+        pin_cpu(index, config.runtime.threads)
+    import torch
+
+    from .generate import Engine
+    from .model import load_model, resolve_dtype
+    from .weights import resolve_model
+
+    if kind == "cpu":
+        torch.set_num_threads(config.runtime.threads)
+        device = torch.device("cpu")
+    else:
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise RefspecError(f"{slot}: no such CUDA device here; use a cpu:N slot or a visible GPU")
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+    dtype = resolve_dtype(config.runtime.dtype, device)
+    folder = resolve_model(model, cache)
+    return Engine(load_model(folder, device, dtype, config.runtime.cpu_layout), config)
+
+
+def warm_up(engine) -> float:
+    """Run every path once (prefill, multi-row verify, single-row AR); return the seconds taken."""
+    t0 = time.perf_counter()
+    # A repeating prompt makes the drafter match, so the spec run verifies multi-row chains.
+    prompt = [(7 * i) % 97 + 10 for i in range(40)] * 2
+    for mode in ("spec", "ar"):
+        for _ in engine.generate(prompt, 8, mode):
+            pass
+    return time.perf_counter() - t0
+
+
+@dataclass
+class Request:
+    id: str
+    input_ids: list[int]
+    max_new_tokens: int
+
+
+def parse_request(obj: object) -> Request:
+    """A request object of the serve protocol / request files, or a RefspecError saying what is wrong."""
+    if not isinstance(obj, dict):
+        raise RefspecError("a request must be a JSON object")
+    rid = obj.get("id")
+    if not isinstance(rid, str | int) or isinstance(rid, bool):
+        raise RefspecError("request needs an 'id' (a string)")
+    ids = obj.get("input_ids")
+    if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
+        raise RefspecError("'input_ids' must be a non-empty list of integer token ids")
+    n = obj.get("max_new_tokens")
+    if type(n) is not int or n < 1:
+        raise RefspecError("'max_new_tokens' must be a positive integer")
+    return Request(id=rid, input_ids=ids, max_new_tokens=n)
+
+
+def read_requests(path: Path, limit: int | None = None) -> list[Request]:
+    """The requests of a JSONL request file (one object a line)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise RefspecError(f"{path}: cannot read the request file ({e})") from None
+    out = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(parse_request(json.loads(line)))
+        except (json.JSONDecodeError, RefspecError) as e:
+            raise RefspecError(
+                f"{path}:{no}: bad request ({e}); fix or regenerate the request file"
+            ) from None
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise RefspecError(f"{path}: no requests in the file")
+    return out
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a whole file or nothing (a temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
