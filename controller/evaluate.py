@@ -18,7 +18,7 @@ from specpilot.deployments.workloads import load_requests, request_file
 from specpilot.memory_store import connect, records
 
 from .engine import Request, SystemFailed, adapter_for
-from .forcing import AuditResult, ScoredOutput, audit
+from .forcing import AuditResult, audit
 from .integrity import check_digest
 from .paired import paired_run
 from .slots import Slot, lease
@@ -168,7 +168,7 @@ def compare(
     if audit_output:
         progress("token-forcing audit")
         result = audit_outputs(dep, home, db, reqs, run.outputs["B"])
-        audit_summary = audit_json(result)
+        audit_summary = audit_json(result, _contexts(dep, home, result, run.outputs["B"]))
         extra += result.reasons
     verdict = decide(res, sigma, changes_output=bool(changed), min_gain=dep.controller.min_gain,
                      output_change_gain=dep.controller.output_change_gain, extra_reasons=extra)  # fmt: skip
@@ -187,14 +187,18 @@ def compare(
                       res.gain, res.lower_bound, sigma, verdict.threshold, res.unit, verdict.reasons, evidence)  # fmt: skip
 
 
-def audit_outputs(dep: Deployment, home: Home, db, reqs: list[Request], outputs: dict[str, list[int]]) -> AuditResult:
+def audit_outputs(
+    dep: Deployment, home: Home, db, reqs: list[Request], outputs: dict[str, list[int]]
+) -> AuditResult:
     """Score a system's outputs and compare them with stock's Phase 0 figures."""
     from .phase0 import load_stock_scored
     from .scorer import scorer_for
 
     phase0 = records.get_state(db, dep.name, "phase0")
     if phase0 is None:
-        raise SpecPilotError(f"no Phase 0 for {dep.name!r}; run `specpilot phase0 --deployment {dep.name}` first")
+        raise SpecPilotError(
+            f"no Phase 0 for {dep.name!r}; run `specpilot phase0 --deployment {dep.name}` first"
+        )
     stock = {s.id: s for s in load_stock_scored(Path(phase0["stock_scored"]))}
     scorer = scorer_for(dep, home)
     by_id = {r.id: r for r in reqs}
@@ -202,16 +206,59 @@ def audit_outputs(dep: Deployment, home: Home, db, reqs: list[Request], outputs:
     return audit(cand, [stock[o.id] for o in cand if o.id in stock], float(phase0["delta"]))
 
 
-def audit_json(result: AuditResult, context: dict[str, str] | None = None) -> dict[str, Any]:
+def _contexts(dep: Deployment, home: Home, result: AuditResult, outputs: dict[str, list[int]]) -> list[dict]:
+    """The first events with the text around them: `…before [system token|scorer's argmax]`."""
+    from tokenizers import Tokenizer
+
+    from specpilot.deployments.workloads.chat import target_folder
+
+    tok = Tokenizer.from_file(str(target_folder(dep, home) / "tokenizer.json"))
+    events = []
+    for e in result.events[:50]:
+        before = tok.decode(outputs[e.id][max(0, e.position - 12) : e.position])
+        d = asdict(e)
+        d["context"] = f"{before}[{tok.decode([e.token])}|{tok.decode([e.argmax])}]".replace("\n", "⏎")
+        events.append(d)
+    return events
+
+
+def audit_json(result: AuditResult, events: list[dict] | None = None) -> dict[str, Any]:
     return {
         "passed": result.passed, "rate": result.rate, "mismatches": result.mismatches, "positions": result.positions,
         "stock_rate": result.stock_rate, "stock_mismatches": result.stock_mismatches,
         "stock_positions": result.stock_positions, "delta": result.delta, "large": len(result.events),
         "stock_large": result.stock_events, "p_large": result.p_large if math.isfinite(result.p_large) else None,
         "unexplained": len(result.unexplained), "reasons": result.reasons,
-        "events": [asdict(e) for e in result.events[:50]],
+        "events": events if events is not None else [asdict(e) for e in result.events[:50]],
     }  # fmt: skip
 
 
-def scored_json(s: ScoredOutput) -> dict[str, Any]:
-    return asdict(s)
+def audit_system(
+    dep: Deployment, home: Home, rev: str, *, progress: Progress = lambda _: None
+) -> dict[str, Any]:
+    """Run one system on the deployment's first slot and audit its output against stock's."""
+    from .paired import run_period
+
+    db = connect(home)
+    _digest(db, dep)
+    system = checkout(workspace_repo(home, dep), rev, systems_cache(home, dep))
+    reqs = requests_of(dep, home)
+    run_id = records.add_run(db, dep.name, "audit", system.tree)
+    logs = home.runs / run_id
+    progress(f"running {system.tree[:12]} on every request")
+    try:
+        with lease(home, slots_of(dep)[:1]) as (s0,):
+            period = run_period(adapter_for(dep, home), {"S": system}, {"S": s0}, reqs, logs, "audit")
+    except SystemFailed as e:
+        records.fail_run(db, run_id, f"{e}\n{e.log_tail}")
+        raise SpecPilotError(f"the system failed during the audit: {e} (logs in {logs})") from None
+    outputs = {r.id: period.results["S"][r.id].tokens for r in reqs}
+    progress("scoring by token forcing")
+    result = audit_outputs(dep, home, db, reqs, outputs)
+    data = {
+        "tree": system.tree,
+        "run_id": run_id,
+        **audit_json(result, _contexts(dep, home, result, outputs)),
+    }
+    records.finish_run(db, run_id, summary=data, raw_path=str(logs))
+    return data

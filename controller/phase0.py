@@ -33,7 +33,9 @@ from .systems import SystemTree, checkout
 def ar_variant(dep: Deployment, stock: SystemTree, cache: Path) -> SystemTree:
     """The stock tree with speculation turned off: the engine's own AR."""
     if dep.engine != "refspec":
-        raise SpecPilotError(f"deployment {dep.name!r}: no AR variant for engine {dep.engine!r} in this version")
+        raise SpecPilotError(
+            f"deployment {dep.name!r}: no AR variant for engine {dep.engine!r} in this version"
+        )
     path = cache / f"{stock.tree}-ar"
     if not path.is_dir():
         tmp = cache / f".{stock.tree}-ar.tmp"
@@ -55,7 +57,9 @@ def load_stock_scored(path: Path) -> list[ScoredOutput]:
         raise SpecPilotError(f"{path}: stock's scored outputs are unreadable ({e}); rerun Phase 0") from None
 
 
-def run_phase0(dep: Deployment, home: Home, *, blocks: int | None = None, progress: Progress = lambda _: None) -> dict[str, Any]:
+def run_phase0(
+    dep: Deployment, home: Home, *, blocks: int | None = None, progress: Progress = lambda _: None
+) -> dict[str, Any]:
     """Run Phase 0 and store its figures as the deployment's `phase0` state."""
     db = connect(home)
     repo = workspace_repo(home, dep)

@@ -23,7 +23,7 @@ CHUNK = 512  # rows per forward pass (bounds the [rows, context] attention buffe
 
 @cache
 def _stock_model(model: str, cache_dir: str, device: str):
-    refspec = import_refspec()
+    import_refspec()  # puts the pristine stock tree first on sys.path
     from refspec.model import load_model
     from refspec.weights import resolve_model
 
@@ -36,7 +36,9 @@ class RefspecScorer:
 
     def __init__(self, dep: Deployment, home: Home, device: str = "cpu"):
         if dep.engine != "refspec":
-            raise SpecPilotError(f"deployment {dep.name!r}: the refspec scorer cannot score engine {dep.engine!r}")
+            raise SpecPilotError(
+                f"deployment {dep.name!r}: the refspec scorer cannot score engine {dep.engine!r}"
+            )
         self.model = _stock_model(dep.target.model, str(home.cache), device)
 
     @torch.inference_mode()
@@ -79,4 +81,6 @@ class RefspecScorer:
 def scorer_for(dep: Deployment, home: Home) -> RefspecScorer:
     if dep.engine == "refspec":
         return RefspecScorer(dep, home)
-    raise SpecPilotError(f"deployment {dep.name!r}: no token-forcing scorer for engine {dep.engine!r} in this version")
+    raise SpecPilotError(
+        f"deployment {dep.name!r}: no token-forcing scorer for engine {dep.engine!r} in this version"
+    )
