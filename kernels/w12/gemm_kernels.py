@@ -176,7 +176,8 @@ def finish_tile(
     tl.store(optr, y.to(out.dtype.element_ty), mask=rmask[:, None] & mmask[None, :])
 
 
-@triton.jit
+# M and KSPLIT vary per call; specializing on them (== 1, % 16) would only multiply the compiles.
+@triton.jit(do_not_specialize=["M", "KSPLIT"])
 def w12_gemm_kernel(
     rec,
     x,
@@ -247,7 +248,7 @@ def w12_gemm_kernel(
         tl.store(pptr, acc, mask=mmask & (rr[:, None] < N))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def w12_reduce_kernel(
     part,
     x,
