@@ -3,11 +3,10 @@
 set -e
 src=$(cd "$(dirname "$0")/.." && pwd)
 dst=/work/main/.gpu/w12
-rm -rf "$dst" && mkdir -p "$dst/specpilot/kernels" "$dst/tests/gpu" "$dst/bench"
+rm -rf "$dst" && mkdir -p "$dst/specpilot/kernels" "$dst/gputests" "$dst/bench"
 cp "$src/kernels/__init__.py" "$dst/specpilot/kernels/"
 cp -r "$src/kernels/w12" "$dst/specpilot/kernels/"
 rm -rf "$dst/specpilot/kernels/w12/__pycache__"
-cp "$src/tests/gpu/test_w12_gpu.py" "$dst/tests/gpu/"
-touch "$dst/tests/__init__.py" "$dst/tests/gpu/__init__.py"
+cp "$src/tests/gpu/test_w12_gpu.py" "$dst/gputests/"  # no __init__: a rootdir-less module
 cp "$src/bench/w12_gemm.py" "$dst/bench/"
 du -sh "$dst"

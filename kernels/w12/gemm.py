@@ -16,16 +16,20 @@ from .format import TILE_K, TILE_N, W12FormatError, W12Tensor
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """block_n: rows of W per program (64 or 128); split: K splits (fixed-order partial sums)."""
+    """block_n: rows of W per program (64 or 128); split: K splits (fixed-order partial sums);
+    rpi: records per loop step (one dot over rpi * 64 columns); xa: x is the dot's operand A and
+    the rebuilt W operand B (through shared memory), else W is operand A (registers)."""
 
     block_n: int = 128
     split: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    rpi: int = 1
+    xa: bool = False
 
     def __post_init__(self):
-        if self.block_n not in (64, 128) or self.split < 1:
-            raise W12FormatError(f"bad W12 GemmConfig {self}: block_n must be 64 or 128, split >= 1")
+        if self.block_n not in (64, 128) or self.split < 1 or self.rpi not in (1, 2):
+            raise W12FormatError(f"bad W12 GemmConfig {self}: block_n 64 or 128, split >= 1, rpi 1 or 2")
 
 
 # Measured on the H200 (docs/BENCHMARKS.md): (N, K, M bucket) -> config. Shapes not listed use
@@ -102,6 +106,7 @@ def w12_matmul(
         t.records, x2, out, part, *args,
         m, n, k, kt, ksplit, x2.stride(0), out.stride(0),
         BN=cfg.block_n, BM=bm, FINISH=split == 1, HAS_BIAS=bias is not None, QPASS=qpass, USE_ASM=use_asm, NUM_STAGES=cfg.num_stages, DOT_F32=interpreting(),
+        XA=cfg.xa, RPI=cfg.rpi,
         num_warps=cfg.num_warps,
     )  # fmt: skip
     if split > 1:

@@ -176,36 +176,43 @@ def finish_tile(
     tl.store(optr, y.to(out.dtype.element_ty), mask=rmask[:, None] & mmask[None, :])
 
 
+@triton.jit
+def _record(p, chunk, left, MASKED: tl.constexpr, QPASS: tl.constexpr, USE_ASM: tl.constexpr):
+    """One record's rows (p: its first int32 word; chunk: row/word offsets) -> bf16 [BN, 64].
+
+    With MASKED, `left` <= 0 (a record past the split's end) loads zeros: zero weights."""
+    if MASKED:
+        mask = chunk < 1024 * left  # chunk < 1024: all true while a record is left
+        v0 = tl.load(p + chunk, mask=mask, other=0)
+        v1 = tl.load(p + 1024 + chunk, mask=mask, other=0)
+        lo = v0 if QPASS else tl.load(p + 2048 + chunk, mask=mask, other=0)
+    else:
+        v0 = tl.load(p + chunk)
+        v1 = tl.load(p + 1024 + chunk)
+        lo = v0 if QPASS else tl.load(p + 2048 + chunk)
+    w = tl.join(rebuild(v0, lo, False, QPASS, USE_ASM), rebuild(v1, lo, True, QPASS, USE_ASM))
+    return _cat_k(w)
+
+
+@triton.jit
+def _cat_k(w):
+    """[BN, K, 2] (last dim: first / second K block) -> [BN, 2K], the second block after the first."""
+    return tl.reshape(tl.permute(w, (0, 2, 1)), (w.shape[0], 2 * w.shape[1]))
+
+
 # M and KSPLIT vary per call; specializing on them (== 1, % 16) would only multiply the compiles.
 @triton.jit(do_not_specialize=["M", "KSPLIT"])
 def w12_gemm_kernel(
-    rec,
-    x,
-    out,
-    part,
-    exps,
-    esc_ptr,
-    esc_col,
-    esc_bits,
-    bias,
-    M,
-    N,
-    K,
-    KT,
-    KSPLIT,
-    stride_xm,
-    stride_om,
-    BN: tl.constexpr,
-    BM: tl.constexpr,
-    FINISH: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    QPASS: tl.constexpr,
-    USE_ASM: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    DOT_F32: tl.constexpr,
-):
-    """One (row block, K split, M block): acc = sum over its records of W_tile @ x_tile^T.
+    rec, x, out, part, exps, esc_ptr, esc_col, esc_bits, bias,
+    M, N, K, KT, KSPLIT, stride_xm, stride_om,
+    BN: tl.constexpr, BM: tl.constexpr, FINISH: tl.constexpr, HAS_BIAS: tl.constexpr,
+    QPASS: tl.constexpr, USE_ASM: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr,
+    XA: tl.constexpr, RPI: tl.constexpr,
+):  # fmt: skip
+    """One (row block, K split, M block): acc = sum over its records of W_tile x_tile^T.
 
+    RPI records (RPI * 64 columns) make one dot per loop step. XA=False: acc[BN, BM] = W x^T with
+    the rebuilt W as operand A; XA=True: acc[BM, BN] = x W^T with W as operand B (shared memory).
     FINISH (one split) finishes the tile here; otherwise the fp32 partial goes to part[split, m, n]
     and w12_reduce_kernel adds the splits in order 0, 1, ... (a fixed order: same bits every run).
     """
@@ -214,29 +221,33 @@ def w12_gemm_kernel(
     m0 = tl.program_id(2) * BM
     n0 = pid_n * BN
     rows = tl.arange(0, BN)
-    cols = tl.arange(0, 32)
     ms = m0 + tl.arange(0, BM)
     words = tl.arange(0, 8)
     chunk = (n0 % 128 + rows)[:, None] * 8 + words[None, :]  # int32 offsets inside one 4 KB chunk
     base = rec.to(tl.pointer_type(tl.int32)) + (n0 // 128).to(tl.int64) * KT * 3072
-    xrow = x + ms[None, :] * stride_xm
-    mmask = ms[None, :] < M
     k_lo = split * KSPLIT
     k_hi = tl.minimum(k_lo + KSPLIT, KT)
-    acc = tl.zeros((BN, BM), dtype=tl.float32)
-    for kt in tl.range(k_lo, k_hi, num_stages=NUM_STAGES):
+    kk = tl.arange(0, 64 * RPI)
+    acc = tl.zeros((BM, BN), dtype=tl.float32) if XA else tl.zeros((BN, BM), dtype=tl.float32)
+    for kt in tl.range(k_lo, k_hi, RPI, num_stages=NUM_STAGES):
         p = base + kt * 3072  # a record is 3072 int32 words
-        v0 = tl.load(p + chunk)
-        v1 = tl.load(p + 1024 + chunk)
-        if QPASS:  # noqa: SIM108 (Triton: a constexpr branch, so the load is not even emitted)
-            lo = v0
+        w = _record(p, chunk, 1, False, QPASS, USE_ASM)
+        if RPI == 2:
+            w = _cat_k(tl.join(w, _record(p + 3072, chunk, k_hi - kt - 1, True, QPASS, USE_ASM)))
+        k = kt * 64 + kk
+        kmask = (k < K) & (k < k_hi * 64)
+        if XA:
+            xt = tl.load(
+                x + ms[:, None] * stride_xm + k[None, :], mask=(ms[:, None] < M) & kmask[None, :], other=0.0
+            )
+            acc = _dot(xt, tl.trans(w), acc, DOT_F32)
         else:
-            lo = tl.load(p + 2048 + chunk)
-        k0 = kt * 64 + cols
-        x0 = tl.load(xrow + k0[:, None], mask=mmask & (k0[:, None] < K), other=0.0)
-        x1 = tl.load(xrow + (k0 + 32)[:, None], mask=mmask & ((k0 + 32)[:, None] < K), other=0.0)
-        acc = _dot(rebuild(v0, lo, False, QPASS, USE_ASM), x0, acc, DOT_F32)
-        acc = _dot(rebuild(v1, lo, True, QPASS, USE_ASM), x1, acc, DOT_F32)
+            xt = tl.load(
+                x + ms[None, :] * stride_xm + k[:, None], mask=(ms[None, :] < M) & kmask[:, None], other=0.0
+            )
+            acc = _dot(w, xt, acc, DOT_F32)
+    if XA:
+        acc = tl.trans(acc)  # [BN, BM], once per program
     if FINISH:
         finish_tile(
             acc, n0, m0, M, N, x, stride_xm, out, stride_om, exps, esc_ptr, esc_col, esc_bits, bias,
@@ -245,7 +256,7 @@ def w12_gemm_kernel(
     else:
         rr = n0 + rows
         pptr = part + split * M * N + ms[None, :] * N + rr[:, None]
-        tl.store(pptr, acc, mask=mmask & (rr[:, None] < N))
+        tl.store(pptr, acc, mask=(ms[None, :] < M) & (rr[:, None] < N))
 
 
 @triton.jit(do_not_specialize=["M"])

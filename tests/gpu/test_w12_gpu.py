@@ -58,7 +58,31 @@ def test_gemm_vs_fp64_and_plain_rebuild(n, k, m):
     assert torch.equal(plain.view(torch.int16), y.view(torch.int16))
 
 
-@pytest.mark.parametrize("cfg", [GemmConfig(128, 1), GemmConfig(64, 3), GemmConfig(128, 4, 8, 4)])
+VARIANTS = [
+    GemmConfig(128, 1),
+    GemmConfig(64, 3, rpi=2),
+    GemmConfig(128, 4, 8, 4),
+    GemmConfig(64, 2, 4, 3, rpi=1, xa=True),
+    GemmConfig(128, 3, 8, 5, rpi=2, xa=True),
+]
+
+
+@pytest.mark.parametrize("cfg", VARIANTS)
+@pytest.mark.parametrize("m", [1, 32, 64])
+def test_every_kernel_variant_vs_fp64_and_plain_rebuild(cfg, m):
+    w = _weights(5120, 4160, seed=m)  # K = 65 records: an odd count for 2 records per step
+    t = encode(w)
+    x = torch.randn(m, 4160, device=DEV).to(torch.bfloat16)
+    ref = exact_matmul_fp64(x, w)
+    y32 = w12_matmul(x, t, config=cfg, out_dtype=torch.float32)
+    assert _rel(y32, ref) < 1e-5
+    y = w12_matmul(x, t, config=cfg)
+    assert torch.equal(w12_matmul(x, t, config=cfg, use_asm=False).view(torch.int16), y.view(torch.int16))
+    yq = w12_matmul(x, t, config=cfg, qpass=True, out_dtype=torch.float32)
+    assert _rel(yq, exact_matmul_fp64(x, decode(t, qpass=True))) < 1e-5
+
+
+@pytest.mark.parametrize("cfg", VARIANTS)
 def test_same_bits_every_run(cfg):
     w = _weights(4096, 5120)
     t = encode(w)

@@ -50,6 +50,9 @@ def case():
         (17, GemmConfig(64, 3)),
         (33, GemmConfig(128, 2)),
         (70, GemmConfig(64, 1)),  # two row blocks of x
+        (5, GemmConfig(64, 2, xa=True)),  # x as operand A, W as operand B
+        (33, GemmConfig(128, 1, rpi=2, xa=True)),  # two records per loop step
+        (2, GemmConfig(64, 2, rpi=2)),
     ],
 )
 def test_gemm_matches_fp64_with_exact_products_and_fp32_sums(case, m, cfg):
@@ -113,3 +116,11 @@ def test_bias_is_added_before_the_single_rounding(case):
     ref = exact_matmul_fp64(x, w) + b.double()
     for cfg in (GemmConfig(128, 1), GemmConfig(64, 2)):
         assert _rel(w12_matmul(x, t, config=cfg, bias=b, out_dtype=torch.float32), ref) < 1e-5
+
+
+@pytest.mark.parametrize("cfg", [GemmConfig(64, 2, rpi=2), GemmConfig(128, 2, rpi=2, xa=True)])
+def test_two_records_per_step_with_an_odd_record_count(cfg):
+    w = trained_like(130, 330, seed=9)  # 6 records per row; split 2 -> 3 per split: one step half empty
+    t = encode(w)
+    x = torch.randn(3, 330).bfloat16()
+    assert _rel(w12_matmul(x, t, config=cfg, out_dtype=torch.float32), exact_matmul_fp64(x, w)) < 1e-5
