@@ -64,19 +64,25 @@ def timed(fns, graph: bool) -> float:
 
 
 def candidates(n: int, k: int, m: int) -> list[GemmConfig]:
-    """The sweep: both dot orientations, 64/128-row blocks, 1-2 records per step, pipeline depth,
-    and the two smallest K splits that put >= 200 programs on the GPU (<= 4 splits above M=16)."""
+    """The sweep (x as operand A: it won every row of the previous sweep): 64/128-row blocks,
+    1-2 records per step, pipeline depth, K splits putting 200..1100 programs on the GPU (the
+    three largest at M <= 16; the two smallest above, where partials cost traffic), and a register
+    cap for unsplit programs (their epilogue holds the most registers)."""
     kt = -(-k // 64)
+    cap = 80 if m <= 16 else 96 if m <= 32 else 0
     out = []
-    for xa in (False, True):
-        for bn, warps in ((64, 4), (128, 4)) if not xa else ((64, 4), (128, 4), (128, 8)):
-            blocks = -(-n // bn)
-            ok = [s for s in (1, 2, 3, 4, 6) if blocks * s <= 1100 and kt // s >= 8 and (m <= 16 or s <= 4)]
-            big = [s for s in ok if blocks * s >= 200]
-            splits = big[:2] if big else ok[-1:]
-            for rpi in (1, 2):
-                for stages in (3, 5) if xa else (4,):
-                    out += [GemmConfig(bn, s, warps, stages, rpi, xa) for s in splits]
+    for bn, warps in ((64, 4), (128, 4), (128, 8)):
+        blocks = -(-n // bn)
+        ok = [
+            s for s in (1, 2, 3, 4, 6, 8) if 200 <= blocks * s <= (1100 if m <= 16 else 600) and kt // s >= 8
+        ]
+        splits = ok[-3:] if m <= 16 else ok[:2]
+        for rpi in (1, 2):
+            for stages in (3, 5):
+                for s in splits:
+                    out.append(GemmConfig(bn, s, warps, stages, rpi, True))
+                    if s == 1 and cap and bn == 64:
+                        out.append(GemmConfig(bn, s, warps, stages, rpi, True, cap))
     return out
 
 
@@ -105,7 +111,7 @@ def precompile(jobs: int) -> None:
     for c in sorted(cfgs, key=str):
         for m in (1, 32, 64):
             for q, a in ((False, True),):  # Q pass and plain rebuild: only the winners, compiled lazily
-                key = (c.block_n, c.num_warps, c.num_stages, c.rpi, c.xa, c.split > 1, m, q, a)
+                key = (c.block_n, c.num_warps, c.num_stages, c.rpi, c.xa, c.maxnreg, c.split > 1, m, q, a)
                 groups.setdefault(key, []).append((c.__dict__, m, q, a))
     chunks = [[] for _ in range(jobs)]
     for i, g in enumerate(groups.values()):
@@ -257,7 +263,8 @@ def main() -> None:
         print(
             f"{r['layer']:8s} {r['M']:3d} {r['cublas_us']:7.2f} {r['w12_us']:7.2f} {r['ratio']:6.3f} "
             f"{r['w12_TBps']:5.2f} {r['cublas_graph_us']:7.2f} {r['w12_graph_us']:7.2f} {r['ratio_graph']:6.3f} "
-            f"{r['qpass_graph_us']:6.2f}  {c['block_n']}/{c['split']}/{c['num_warps']}/{c['num_stages']} "
+            f"{r['qpass_graph_us']:6.2f}  {c['block_n']}/{c['split']}/{c['num_warps']}/{c['num_stages']}/{c['rpi']}"
+            f"/{'xa' if c['xa'] else 'sw'}/{c['maxnreg']} "
             f"{ok} {ck['rel_err_bf16']:.1e}"
         )
 

@@ -26,6 +26,7 @@ class GemmConfig:
     num_stages: int = 3
     rpi: int = 1
     xa: bool = False
+    maxnreg: int = 0  # a register cap (0: none): more resident programs, if nothing spills
 
     def __post_init__(self):
         if self.block_n not in (64, 128) or self.split < 1 or self.rpi not in (1, 2):
@@ -98,7 +99,8 @@ def w12_matmul(
     ksplit = -(-kt // cfg.split)
     split = -(-kt // ksplit)  # drop empty splits
     grid = (-(-n // cfg.block_n), split, -(-m // bm))
-    part = torch.empty(split if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
+    # split partials, then the escape sum (written by split 0)
+    part = torch.empty(split + 1 if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
     if bias is not None and (bias.shape != (n,) or bias.device != x.device):
         raise W12FormatError(f"bias must be [{n}] on {x.device}, got {tuple(bias.shape)} on {bias.device}")
     args = (t.exps, t.esc_ptr, t.esc_col, t.esc_bits, t.exps if bias is None else bias)
@@ -108,6 +110,7 @@ def w12_matmul(
         BN=cfg.block_n, BM=bm, FINISH=split == 1, HAS_BIAS=bias is not None, QPASS=qpass, USE_ASM=use_asm, NUM_STAGES=cfg.num_stages, DOT_F32=interpreting(),
         XA=cfg.xa, RPI=cfg.rpi,
         num_warps=cfg.num_warps,
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}),
     )  # fmt: skip
     if split > 1:
         rbn = 128

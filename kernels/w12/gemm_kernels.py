@@ -133,43 +133,60 @@ def _dot(w, xt, acc, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def finish_tile(
-    acc,
-    n0,
-    m0,
-    M,
-    N,
-    x,
-    stride_xm,
-    out,
-    stride_om,
-    exps,
-    esc_ptr,
-    esc_col,
-    esc_bits,
-    bias,
-    BN: tl.constexpr,
-    BM: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-):
-    """Scale channel sums by 2^(E_n - 127), add the escapes one by one in list order, then the
-    bias, and round once to the output dtype."""
+def _esc_load(start, count, j, esc_col, esc_bits):
+    """The j-th escape of each row (masked where a row has fewer): (present, column, fp32 value)."""
+    has = j < count
+    col = tl.load(esc_col + start + j, mask=has, other=0).to(tl.int32)
+    val = tl.load(esc_bits + start + j, mask=has, other=0).to(tl.bfloat16, bitcast=True).to(tl.float32)
+    return has, col, val
+
+
+@triton.jit
+def _esc_term(e, has, col, val, ms, mmask, x, stride_xm):
+    """e + val * x[m, col] where the escape is present (products of bf16 are exact in fp32)."""
+    xv = tl.load(x + ms[None, :] * stride_xm + col[:, None], mask=has[:, None] & mmask[None, :], other=0.0)
+    return tl.where(has[:, None], e + val[:, None] * xv.to(tl.float32), e)
+
+
+@triton.jit
+def escape_sum(n0, m0, M, N, x, stride_xm, esc_ptr, esc_col, esc_bits, BN: tl.constexpr, BM: tl.constexpr):
+    """e[n, m] = sum of channel n's escapes w * x[m, col], added from 0.0 in escape-list order.
+
+    The first four escapes of every row are loaded at once (two memory round trips in all); rows
+    with more continue one escape at a time."""
     rows = n0 + tl.arange(0, BN)
     ms = m0 + tl.arange(0, BM)
     rmask = rows < N
     mmask = ms < M
-    e = tl.load(exps + rows, mask=rmask, other=127).to(tl.int32)
-    y = acc * (e << 23).to(tl.float32, bitcast=True)[:, None]  # fp32 with exponent field E_n
     start = tl.load(esc_ptr + rows, mask=rmask, other=0)
     count = tl.load(esc_ptr + rows + 1, mask=rmask, other=0) - start
-    for j in range(0, tl.max(count, axis=0)):
-        has = j < count
-        col = tl.load(esc_col + start + j, mask=has, other=0).to(tl.int32)
-        wv = tl.load(esc_bits + start + j, mask=has, other=0).to(tl.bfloat16, bitcast=True).to(tl.float32)
-        xv = tl.load(
-            x + ms[None, :] * stride_xm + col[:, None], mask=has[:, None] & mmask[None, :], other=0.0
-        )
-        y = tl.where(has[:, None], y + wv[:, None] * xv.to(tl.float32), y)
+    h0, c0, v0 = _esc_load(start, count, 0, esc_col, esc_bits)
+    h1, c1, v1 = _esc_load(start, count, 1, esc_col, esc_bits)
+    h2, c2, v2 = _esc_load(start, count, 2, esc_col, esc_bits)
+    h3, c3, v3 = _esc_load(start, count, 3, esc_col, esc_bits)
+    e = tl.zeros((BN, BM), dtype=tl.float32)
+    e = _esc_term(e, h0, c0, v0, ms, mmask, x, stride_xm)
+    e = _esc_term(e, h1, c1, v1, ms, mmask, x, stride_xm)
+    e = _esc_term(e, h2, c2, v2, ms, mmask, x, stride_xm)
+    e = _esc_term(e, h3, c3, v3, ms, mmask, x, stride_xm)
+    for j in range(4, tl.max(count, axis=0)):
+        hj, cj, vj = _esc_load(start, count, j, esc_col, esc_bits)
+        e = _esc_term(e, hj, cj, vj, ms, mmask, x, stride_xm)
+    return e
+
+
+@triton.jit
+def finish_tile(
+    acc, e, n0, m0, M, N, out, stride_om, exps, bias,
+    BN: tl.constexpr, BM: tl.constexpr, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """y = acc * 2^(E_n - 127) + e (the escapes) + bias, rounded once to the output dtype."""
+    rows = n0 + tl.arange(0, BN)
+    ms = m0 + tl.arange(0, BM)
+    rmask = rows < N
+    mmask = ms < M
+    en = tl.load(exps + rows, mask=rmask, other=127).to(tl.int32)
+    y = acc * (en << 23).to(tl.float32, bitcast=True)[:, None] + e  # fp32 with exponent field E_n
     if HAS_BIAS:
         y += tl.load(bias + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
     optr = out + ms[None, :] * stride_om + rows[:, None]
@@ -227,6 +244,14 @@ def w12_gemm_kernel(
     base = rec.to(tl.pointer_type(tl.int32)) + (n0 // 128).to(tl.int64) * KT * 3072
     k_lo = split * KSPLIT
     k_hi = tl.minimum(k_lo + KSPLIT, KT)
+    if FINISH:  # the escape sum first: its loads overlap the pipeline's first record loads
+        e = escape_sum(n0, m0, M, N, x, stride_xm, esc_ptr, esc_col, esc_bits, BN, BM)
+    else:  # noqa: SIM102 (a constexpr test, then a runtime one)
+        if split == 0:  # the escape sum goes to the last partial slot; the loop hides its latency
+            e = escape_sum(n0, m0, M, N, x, stride_xm, esc_ptr, esc_col, esc_bits, BN, BM)
+            rr = n0 + rows
+            eptr = part + tl.num_programs(1) * M * N + ms[None, :] * N + rr[:, None]
+            tl.store(eptr, e, mask=(ms[None, :] < M) & (rr[:, None] < N))
     kk = tl.arange(0, 64 * RPI)
     acc = tl.zeros((BM, BN), dtype=tl.float32) if XA else tl.zeros((BN, BM), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi, RPI, num_stages=NUM_STAGES):
@@ -249,10 +274,7 @@ def w12_gemm_kernel(
     if XA:
         acc = tl.trans(acc)  # [BN, BM], once per program
     if FINISH:
-        finish_tile(
-            acc, n0, m0, M, N, x, stride_xm, out, stride_om, exps, esc_ptr, esc_col, esc_bits, bias,
-            BN, BM, HAS_BIAS,
-        )  # fmt: skip
+        finish_tile(acc, e, n0, m0, M, N, out, stride_om, exps, bias, BN, BM, HAS_BIAS)
     else:
         rr = n0 + rows
         pptr = part + split * M * N + ms[None, :] * N + rr[:, None]
@@ -278,7 +300,8 @@ def w12_reduce_kernel(
     SPLIT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
 ):
-    """Sum the SPLIT fp32 partials of a tile in order 0..SPLIT-1, then finish it."""
+    """Sum the SPLIT fp32 partials of a tile in order 0..SPLIT-1, then finish it with the escape
+    sum that split 0 left in slot SPLIT."""
     n0 = tl.program_id(0) * BN
     m0 = tl.program_id(1) * BM
     rr = n0 + tl.arange(0, BN)
@@ -288,7 +311,5 @@ def w12_reduce_kernel(
     acc = tl.load(ptr, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT):
         acc += tl.load(ptr + s * M * N, mask=mask, other=0.0)
-    finish_tile(
-        acc, n0, m0, M, N, x, stride_xm, out, stride_om, exps, esc_ptr, esc_col, esc_bits, bias,
-        BN, BM, HAS_BIAS,
-    )  # fmt: skip
+    e = tl.load(ptr + SPLIT * M * N, mask=mask, other=0.0)
+    finish_tile(acc, e, n0, m0, M, N, out, stride_om, exps, bias, BN, BM, HAS_BIAS)

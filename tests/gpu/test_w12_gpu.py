@@ -64,6 +64,7 @@ VARIANTS = [
     GemmConfig(128, 4, 8, 4),
     GemmConfig(64, 2, 4, 3, rpi=1, xa=True),
     GemmConfig(128, 3, 8, 5, rpi=2, xa=True),
+    GemmConfig(64, 1, 4, 3, rpi=1, xa=True, maxnreg=80),
 ]
 
 
