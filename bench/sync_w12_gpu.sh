@@ -8,5 +8,5 @@ cp "$src/kernels/__init__.py" "$dst/specpilot/kernels/"
 cp -r "$src/kernels/w12" "$dst/specpilot/kernels/"
 rm -rf "$dst/specpilot/kernels/w12/__pycache__"
 cp "$src/tests/gpu/test_w12_gpu.py" "$dst/gputests/"  # no __init__: a rootdir-less module
-cp "$src/bench/w12_gemm.py" "$dst/bench/"
+cp "$src/bench/w12_gemm.py" "$src/bench/w12_seeds.json" "$dst/bench/"
 du -sh "$dst"

@@ -63,26 +63,26 @@ def timed(fns, graph: bool) -> float:
     return 1000 * triton.testing.do_bench(run, warmup=25, rep=REP_MS, return_mode="median")
 
 
+SEEDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "w12_seeds.json")
+
+
 def candidates(n: int, k: int, m: int) -> list[GemmConfig]:
-    """The sweep (x as operand A: it won every row of the previous sweep): 64/128-row blocks,
-    1-2 records per step, pipeline depth, K splits putting 200..1100 programs on the GPU (the
-    three largest at M <= 16; the two smallest above, where partials cost traffic), and a register
-    cap for unsplit programs (their epilogue holds the most registers)."""
+    """The sweep: the previous sweep's four best configs for this layer and M (w12_seeds.json;
+    that sweep covered both dot orientations, 64/128-row blocks, splits, depths and register caps)
+    plus narrow blocks of 16/32 rows with x as operand A, which need fewer (or no) K splits."""
+    name = next(nm for nm, shape in SHAPES.items() if shape == (n, k))
+    with open(SEEDS) as f:
+        seeds = json.load(f).get(f"{name}:{1 if m <= 16 else 32}", [])
+    out = [GemmConfig(**c) for c in seeds[:4]]
     kt = -(-k // 64)
-    cap = 80 if m <= 16 else 96 if m <= 32 else 0
-    out = []
-    for bn, warps in ((64, 4), (128, 4), (128, 8)):
+    for bn, warps in ((32, 2), (32, 4), (16, 2)):
+        if m > 16 and bn == 16:
+            continue
         blocks = -(-n // bn)
-        ok = [
-            s for s in (1, 2, 3, 4, 6, 8) if 200 <= blocks * s <= (1100 if m <= 16 else 600) and kt // s >= 8
-        ]
-        splits = ok[-3:] if m <= 16 else ok[:2]
+        splits = [s for s in (1, 2) if blocks * s <= 1400 and kt // s >= 8][: 2 if m <= 16 else 1]
         for rpi in (1, 2):
             for stages in (3, 5):
-                for s in splits:
-                    out.append(GemmConfig(bn, s, warps, stages, rpi, True))
-                    if s == 1 and cap and bn == 64:
-                        out.append(GemmConfig(bn, s, warps, stages, rpi, True, cap))
+                out += [GemmConfig(bn, s, warps, stages, rpi, True) for s in splits]
     return out
 
 

@@ -16,7 +16,7 @@ from .format import TILE_K, TILE_N, W12FormatError, W12Tensor
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """block_n: rows of W per program (64 or 128); split: K splits (fixed-order partial sums);
+    """block_n: rows of W per program (16..128); split: K splits (fixed-order partial sums);
     rpi: records per loop step (one dot over rpi * 64 columns); xa: x is the dot's operand A and
     the rebuilt W operand B (through shared memory), else W is operand A (registers)."""
 
@@ -29,13 +29,14 @@ class GemmConfig:
     maxnreg: int = 0  # a register cap (0: none): more resident programs, if nothing spills
 
     def __post_init__(self):
-        if self.block_n not in (64, 128) or self.split < 1 or self.rpi not in (1, 2):
-            raise W12FormatError(f"bad W12 GemmConfig {self}: block_n 64 or 128, split >= 1, rpi 1 or 2")
+        bns = (16, 32, 64, 128) if self.xa else (64, 128)  # W as operand A needs 64-row wgmma tiles
+        if self.block_n not in bns or self.split < 1 or self.rpi not in (1, 2):
+            raise W12FormatError(f"bad W12 GemmConfig {self}: block_n in {bns}, split >= 1, rpi 1 or 2")
 
 
-# Measured on the H200 (docs/BENCHMARKS.md): (N, K, M bucket) -> config. Shapes not listed use
-# default_config's rule.
-TUNED: dict[tuple[int, int, int], GemmConfig] = {}
+# Measured on the H200 (docs/BENCHMARKS.md, kernels/w12/NOTES.md): (N, K) -> {M: config}; a call
+# with m rows takes the entry of the smallest listed M >= m. Shapes not listed use the rule below.
+TUNED: dict[tuple[int, int], dict[int, GemmConfig]] = {}
 
 SMS = 132  # H200 multiprocessors; the rule below aims at about two resident programs per SM
 
@@ -46,9 +47,10 @@ def block_m(m: int) -> int:
 
 def default_config(n: int, k: int, m: int) -> GemmConfig:
     """A fixed rule: enough programs to fill the GPU, splits only when the row blocks are too few."""
-    hit = TUNED.get((n, k, block_m(m)))
-    if hit is not None:
-        return hit
+    table = TUNED.get((n, k), {})
+    fits = [mm for mm in sorted(table) if mm >= m]
+    if fits:
+        return table[fits[0]]
     kt = -(-k // TILE_K)
     bn = 128 if -(-n // 128) >= 2 * SMS else 64
     blocks = -(-n // bn)

@@ -53,6 +53,8 @@ def case():
         (5, GemmConfig(64, 2, xa=True)),  # x as operand A, W as operand B
         (33, GemmConfig(128, 1, rpi=2, xa=True)),  # two records per loop step
         (2, GemmConfig(64, 2, rpi=2)),
+        (4, GemmConfig(32, 1, 2, rpi=2, xa=True)),  # narrow blocks: a quarter of a record's rows
+        (17, GemmConfig(16, 2, 2, xa=True)),
     ],
 )
 def test_gemm_matches_fp64_with_exact_products_and_fp32_sums(case, m, cfg):
