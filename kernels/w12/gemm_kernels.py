@@ -253,7 +253,10 @@ def w12_gemm_kernel(
             eptr = part + tl.num_programs(1) * M * N + ms[None, :] * N + rr[:, None]
             tl.store(eptr, e, mask=(ms[None, :] < M) & (rr[:, None] < N))
     kk = tl.arange(0, 64 * RPI)
-    acc = tl.zeros((BM, BN), dtype=tl.float32) if XA else tl.zeros((BN, BM), dtype=tl.float32)
+    if XA:  # noqa: SIM108
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
     for kt in tl.range(k_lo, k_hi, RPI, num_stages=NUM_STAGES):
         p = base + kt * 3072  # a record is 3072 int32 words
         w = _record(p, chunk, 1, False, QPASS, USE_ASM)
