@@ -11,7 +11,7 @@ import typer
 
 from specpilot.deployments import Home
 
-from . import cli_deployments, cli_workloads, cli_workspace
+from . import cli_deployments, cli_memory, cli_seal, cli_workloads, cli_workspace
 from .output import Ctx, err_console
 
 app = typer.Typer(
@@ -24,6 +24,8 @@ app = typer.Typer(
 app.add_typer(cli_deployments.app, name="deployments")
 app.add_typer(cli_workspace.app, name="workspace")
 app.add_typer(cli_workloads.app, name="workloads")
+app.add_typer(cli_memory.app, name="memory")
+app.command("seal-check")(cli_seal.seal_check)
 
 
 @app.callback()
