@@ -1,1 +1,23 @@
-"""specpilot.controller"""
+"""The controller: the judge of every patch (ARCHITECTURE §4-6).
+
+Agents may call it but never change it; it guards its own source digest. Public API below; the
+rest of the package is private.
+"""
+
+from .engine import Request, SystemFailed
+from .evaluate import Evaluation, audit_system, compare, measure_noise
+from .integrity import controller_digest
+from .phase0 import run_phase0
+from .systems import CandidateRefused
+
+__all__ = [
+    "CandidateRefused",
+    "Evaluation",
+    "Request",
+    "SystemFailed",
+    "audit_system",
+    "compare",
+    "controller_digest",
+    "measure_noise",
+    "run_phase0",
+]

@@ -11,7 +11,15 @@ import typer
 
 from specpilot.deployments import Home
 
-from . import cli_costmodel, cli_deployments, cli_workloads, cli_workspace
+from . import (
+    cli_controller,
+    cli_costmodel,
+    cli_deployments,
+    cli_memory,
+    cli_seal,
+    cli_workloads,
+    cli_workspace,
+)
 from .output import Ctx, err_console
 
 app = typer.Typer(
@@ -25,6 +33,11 @@ app.add_typer(cli_deployments.app, name="deployments")
 app.add_typer(cli_workspace.app, name="workspace")
 cli_costmodel.register(app)
 app.add_typer(cli_workloads.app, name="workloads")
+app.add_typer(cli_memory.app, name="memory")
+app.command("seal-check")(cli_seal.seal_check)
+app.add_typer(cli_controller.app, name="controller")
+app.command("phase0")(cli_controller.phase0)
+app.command("report")(cli_controller.report)
 
 
 @app.callback()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +22,8 @@ from pathlib import Path
 import git
 
 from specpilot.deployments import Deployment, Home, SpecPilotError
-from specpilot.deployments.stock import stock_tree_path, tree_files
+from specpilot.memory_store.gittree import CACHE_EXCLUDES, git_run, write_tree
+from specpilot.memory_store.stock import stock_for
 
 STOCK_TAG = "stock"
 SYSTEM_BRANCH = "system"
@@ -40,51 +40,9 @@ FIXED_DATES = {
 }
 
 
-def stock_source(dep: Deployment) -> Path:
-    """The folder holding the deployment's pristine stock tree."""
-    if dep.stock.tree is not None:
-        return stock_tree_path(dep.stock.tree)
-    raise SpecPilotError(
-        f"deployment {dep.name!r}: stock wheel {dep.stock.wheel} cannot be materialized yet "
-        "(the SGLang engine is not built in this version); use a refspec deployment such as smollm-cpu"
-    )
-
-
-def git_run(repo: Path, *args: str, input: str | None = None, env: dict | None = None) -> str:
-    """Run a git plumbing command in `repo` with optional stdin; its stdout, stripped."""
-    proc = subprocess.run(
-        ["git", "-C", str(repo), *args],
-        input=input,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip()}")
-    return proc.stdout.strip()
-
-
-def write_tree(repo: Path, src: Path) -> str:
-    """Store `src`'s files as blobs and trees in the repository at `repo`; return the root tree hash."""
-    files = list(tree_files(src))
-    paths = "\n".join(str(src / f) for f in files)
-    shas = (
-        git_run(repo, "hash-object", "-w", "--no-filters", "--stdin-paths", input=paths).split()
-        if files
-        else []
-    )
-    entries: dict[Path, list[str]] = {}
-    for rel, sha in zip(files, shas, strict=True):
-        entries.setdefault(rel.parent, []).append(f"100644 blob {sha}\t{rel.name}")
-    # Build subtrees bottom-up: deepest folders first, each parent gets a `tree` entry.
-    dirs = sorted({p for f in files for p in f.parents}, key=lambda p: len(p.parts), reverse=True)
-    if not dirs:
-        return git_run(repo, "mktree", input="")
-    for d in dirs:
-        tree_sha = git_run(repo, "mktree", input="\n".join(entries.get(d, [])) + "\n")
-        if d != Path("."):
-            entries.setdefault(d.parent, []).append(f"040000 tree {tree_sha}\t{d.name}")
-    return tree_sha
+def stock_source(dep: Deployment, home: Home | None = None) -> Path:
+    """The folder holding the deployment's pristine stock tree (the memory store's stock lookup)."""
+    return stock_for(dep, home or Home.resolve()).path
 
 
 @contextmanager
@@ -126,7 +84,7 @@ class Workspace:
 
         `source` overrides the deployment's stock tree (tests use a small tree of their own).
         """
-        src = source or stock_source(dep)
+        src = source or stock_source(dep, home)
         root = home.workspaces / dep.name
         with _locked(home.workspaces / f".{dep.name}.lock"):
             if (root / "repo" / ".git").is_dir():
@@ -210,6 +168,9 @@ def _create_repo(path: Path, src: Path) -> None:
         cfg.set_value("core", "autocrlf", "false")
         cfg.set_value("user", "name", IDENTITY["GIT_AUTHOR_NAME"])
         cfg.set_value("user", "email", IDENTITY["GIT_AUTHOR_EMAIL"])
+    # Commits of candidate worktrees must hash like the memory store's content-only trees.
+    (path / ".git" / "info").mkdir(exist_ok=True)
+    (path / ".git" / "info" / "exclude").write_text("\n".join(CACHE_EXCLUDES) + "\n")
     tree = write_tree(path, src)
     commit = git_run(path, "commit-tree", tree, "-m", "stock", env={**IDENTITY, **FIXED_DATES})
     git_run(path, "tag", STOCK_TAG, commit)

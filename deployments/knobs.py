@@ -11,7 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from .protocol import AgentError
+from .errors import SpecPilotError
 
 _SECTION = re.compile(r"^\s*\[([^\[\]]+)\]\s*(#.*)?$")
 
@@ -47,14 +47,14 @@ def set_knob(path: Path, knob: str, value: int | float | str | bool) -> None:
         if current == section and insert_at is None:
             insert_at = len(lines)
         if insert_at is None:
-            raise AgentError(f"{path}: no [{section}] section to hold knob {knob!r}")
+            raise SpecPilotError(f"{path}: no [{section}] section to hold knob {knob!r}")
         while insert_at > 0 and not lines[insert_at - 1].strip():
             insert_at -= 1
         lines.insert(insert_at, f"{key} = {_literal(value)}\n")
     text = "".join(lines)
     parsed = tomllib.loads(text)
     if parsed.get(section, {}).get(key) != value:
-        raise AgentError(f"{path}: setting {knob} = {value!r} did not round-trip through TOML")
+        raise SpecPilotError(f"{path}: setting {knob} = {value!r} did not round-trip through TOML")
     path.write_text(text)
 
 

@@ -5,8 +5,8 @@ import tomllib
 
 import pytest
 
-from specpilot.agents.knobs import get_knob, set_knob
-from specpilot.agents.protocol import AgentError
+from specpilot.deployments.knobs import get_knob, set_knob
+from specpilot.deployments import SpecPilotError
 
 TEXT = """# knobs
 [decode]
@@ -43,7 +43,7 @@ def test_strings_bools_floats_and_new_keys(tmp_path):
 def test_missing_section_is_an_error_and_file_untouched(tmp_path):
     p = tmp_path / "k.toml"
     p.write_text(TEXT)
-    with pytest.raises(AgentError, match=r"no \[runtime\] section"):
+    with pytest.raises(SpecPilotError, match=r"no \[runtime\] section"):
         set_knob(p, "runtime.threads", 2)
     assert p.read_text() == TEXT
 

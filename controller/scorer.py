@@ -1,0 +1,86 @@
+"""The token-forcing scorer: the stock target from the pristine stock tree, in FP32.
+
+It is loaded from the stock tree shipped with SpecPilot (never from a candidate's tree), weights
+and LM head in float32, and run teacher-forced over prompt + a system's output: row t predicts
+token t+1, so one forward pass scores every output position of a request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from specpilot.deployments import Deployment, Home, SpecPilotError
+from specpilot.deployments.stock import import_refspec
+
+from .forcing import ScoredOutput
+
+CHUNK = 512  # rows per forward pass (bounds the [rows, context] attention buffers)
+
+
+@cache
+def _stock_model(model: str, cache_dir: str, device: str):
+    import_refspec()  # puts the pristine stock tree first on sys.path
+    from refspec.model import load_model
+    from refspec.weights import resolve_model
+
+    folder = resolve_model(model, Path(cache_dir))
+    return load_model(folder, torch.device(device), torch.float32, "plain")
+
+
+class RefspecScorer:
+    """Scores outputs with refspec's stock model in float32 on the CPU (or a given device)."""
+
+    def __init__(self, dep: Deployment, home: Home, device: str = "cpu"):
+        if dep.engine != "refspec":
+            raise SpecPilotError(
+                f"deployment {dep.name!r}: the refspec scorer cannot score engine {dep.engine!r}"
+            )
+        self.model = _stock_model(dep.target.model, str(home.cache), device)
+
+    @torch.inference_mode()
+    def logprobs(self, prompt: Sequence[int], output: Sequence[int]) -> torch.Tensor:
+        """[len(output), V] log-probabilities of the target at each output position."""
+        seq = list(prompt) + list(output)
+        p, n = len(prompt), len(output)
+        model = self.model
+        model.setup_cache(1, len(seq))
+        logps = []
+        for start in range(0, len(seq) - 1, CHUNK):
+            end = min(start + CHUNK, len(seq) - 1)  # rows start..end-1 predict tokens start+1..end
+            rows = end - start
+            tokens = torch.tensor([seq[start:end]], device=model.device)
+            positions = torch.arange(start, end, device=model.device)
+            mask = torch.ones(rows, end, dtype=torch.bool, device=model.device)
+            mask[:, start:] = torch.ones(rows, rows, dtype=torch.bool, device=model.device).tril()
+            first = max(p - 1 - start, 0)  # only rows that predict output tokens need logits
+            logits = model.forward(tokens, positions, start, mask, end, logits_rows=slice(first, rows))
+            if logits is not None and logits.shape[1]:
+                logps.append(torch.log_softmax(logits[0].float(), dim=-1))
+        return torch.cat(logps)[-n:]
+
+    def score(self, rid: str, prompt: Sequence[int], output: Sequence[int]) -> ScoredOutput:
+        """The scorer's argmax and the margin log p(argmax) − log p(token) at every output position."""
+        if not output:
+            return ScoredOutput(rid, [], [], [])
+        lp = self.logprobs(prompt, output)
+        out = torch.tensor(list(output), dtype=torch.long, device=lp.device)
+        best = lp.argmax(dim=-1)
+        margin = lp.gather(1, best[:, None])[:, 0] - lp.gather(1, out[:, None])[:, 0]
+        return ScoredOutput(rid, list(output), best.tolist(), margin.clamp_min(0).tolist())
+
+    def logprob_gap(self, prompt: Sequence[int], prefix: Sequence[int], a: int, b: int) -> float:
+        """|log p(a) − log p(b)| at the position after prompt + prefix (a first-divergence margin)."""
+        last = self.logprobs(prompt, list(prefix) + [a])[-1]
+        return abs(float(last[a] - last[b]))
+
+
+def scorer_for(dep: Deployment, home: Home) -> RefspecScorer:
+    if dep.engine == "refspec":
+        return RefspecScorer(dep, home)
+    raise SpecPilotError(
+        f"deployment {dep.name!r}: no token-forcing scorer for engine {dep.engine!r} in this version"
+    )

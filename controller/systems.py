@@ -1,0 +1,135 @@
+"""System trees: clean checkouts of exact git trees, and candidates applied as diffs.
+
+The controller never runs code from an agent's worktree. It exports the baseline tree from the
+workspace repository into a fresh folder, applies the candidate's `git diff` against the baseline
+onto a second fresh export, and checks the result reproduces the candidate's tree hash. A diff
+touching a protected path (the serve protocol's measurement points, anything the deployment marks
+protected) is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specpilot.deployments import SpecPilotError
+
+# Paths every engine protects, besides the deployment's own list.
+ENGINE_PROTECTED = {"refspec": ["refspec/serve.py"], "sglang": []}
+
+
+class CandidateRefused(Exception):
+    """The candidate may not be measured (touches a protected path, does not apply...)."""
+
+
+def _git(repo: Path, *args: str, input: bytes | None = None) -> bytes:
+    proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True)
+    if proc.returncode != 0:
+        raise SpecPilotError(
+            f"git {' '.join(args)} failed in {repo}: {proc.stderr.decode(errors='replace').strip()}"
+        )
+    return proc.stdout
+
+
+@dataclass(frozen=True)
+class SystemTree:
+    tree: str  # git tree hash: the system's name
+    path: Path  # a checkout holding exactly that tree
+
+
+def tree_of(repo: Path, rev: str) -> str:
+    try:
+        return _git(repo, "rev-parse", "--verify", f"{rev}^{{tree}}").decode().strip()
+    except SpecPilotError:
+        raise SpecPilotError(
+            f"{repo}: no revision {rev!r} (give a branch, tag, commit or tree hash)"
+        ) from None
+
+
+def _tree_hash_of_folder(repo: Path, folder: Path) -> str:
+    """The tree hash of a folder's files as the workspace computes it (content only, mode 100644)."""
+    idx = Path(tempfile.mkstemp(prefix="specpilot-index-")[1])
+    try:
+        env = {**os.environ, "GIT_INDEX_FILE": str(idx), "GIT_WORK_TREE": str(folder)}
+        idx.unlink()
+        for args in (["add", "-A", "--force", "."], ["write-tree"]):
+            proc = subprocess.run(["git", "-C", str(folder), f"--git-dir={repo / '.git'}", *args],
+                                  env=env, capture_output=True)  # fmt: skip
+            if proc.returncode != 0:
+                raise SpecPilotError(f"git {args[0]} failed on {folder}: {proc.stderr.decode().strip()}")
+        return proc.stdout.decode().strip()
+    finally:
+        idx.unlink(missing_ok=True)
+
+
+def checkout(repo: Path, rev: str, cache: Path) -> SystemTree:
+    """A clean export of `rev`'s tree under `cache/<tree>` (made once, reused, never edited)."""
+    tree = tree_of(repo, rev)
+    path = cache / tree
+    if not path.is_dir():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".export-"))
+        try:
+            with tarfile.open(fileobj=io.BytesIO(_git(repo, "archive", "--format=tar", tree))) as tar:
+                tar.extractall(tmp, filter="data")
+            os.replace(tmp, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return SystemTree(tree, path)
+
+
+def touched_paths(repo: Path, base_tree: str, cand_tree: str) -> list[str]:
+    out = _git(repo, "diff", "--name-only", "--no-renames", base_tree, cand_tree).decode()
+    return [p for p in out.splitlines() if p]
+
+
+def protected_hits(paths: list[str], protected: list[str]) -> list[str]:
+    """The touched paths equal to or under a protected path."""
+    hits = []
+    for p in paths:
+        for q in protected:
+            q = q.rstrip("/")
+            if p == q or p.startswith(q + "/"):
+                hits.append(p)
+    return hits
+
+
+def apply_candidate(
+    repo: Path, baseline: SystemTree, cand_rev: str, protected: list[str], cache: Path
+) -> SystemTree:
+    """The candidate as baseline + its diff, in a fresh export; refused when it touches protected paths."""
+    cand_tree = tree_of(repo, cand_rev)
+    if cand_tree == baseline.tree:
+        raise CandidateRefused("the candidate is identical to the baseline (empty diff)")
+    hits = protected_hits(touched_paths(repo, baseline.tree, cand_tree), protected)
+    if hits:
+        raise CandidateRefused(f"the diff touches protected paths: {', '.join(hits)}")
+    path = cache / cand_tree
+    if path.is_dir():
+        return SystemTree(cand_tree, path)
+    diff = _git(repo, "diff", "--binary", "--no-renames", baseline.tree, cand_tree)
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".apply-"))
+    try:
+        shutil.copytree(baseline.path, tmp, dirs_exist_ok=True)
+        proc = subprocess.run(
+            ["git", "apply", "--whitespace=nowarn", "-"], cwd=tmp, input=diff, capture_output=True
+        )
+        if proc.returncode != 0:
+            raise CandidateRefused(
+                f"the candidate's diff does not apply to the baseline: {proc.stderr.decode().strip()}"
+            )
+        got = _tree_hash_of_folder(repo, tmp)
+        if got != cand_tree:
+            raise CandidateRefused(
+                f"baseline + diff gives tree {got[:12]}, not the candidate's {cand_tree[:12]}"
+            )
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return SystemTree(cand_tree, path)

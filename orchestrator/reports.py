@@ -1,0 +1,102 @@
+"""Approval reports in the terminal: one verdict, or a list of them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+
+def verdict_json(v: Any) -> dict[str, Any]:
+    """A verdict (VerdictRecord or Evaluation) as plain data."""
+    keys = ("deployment", "baseline_tree", "candidate_tree", "approved", "changes_output", "gain",
+            "lower_bound", "sigma", "threshold", "unit", "reasons", "evidence")  # fmt: skip
+    data = {k: getattr(v, k) for k in keys}
+    data["id"] = getattr(v, "id", None) or getattr(v, "verdict_id", None)
+    data["run_id"] = getattr(v, "run_id", None)
+    created = getattr(v, "created_at", None)
+    data["created_at"] = created.isoformat() if created else None
+    return data
+
+
+def _pct(x: float) -> str:
+    return f"{x - 1:+.2%}"
+
+
+def verdict_panel(v: dict[str, Any], title: str | None = None) -> Panel:
+    ok = v["approved"]
+    head = Text("APPROVED" if ok else "REJECTED", style="bold green" if ok else "bold red")
+    ev = v.get("evidence") or {}
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="dim")
+    table.add_column()
+    table.add_row("baseline", v["baseline_tree"][:12])
+    table.add_row("candidate", v["candidate_tree"][:12])
+    if not ev.get("refused"):
+        table.add_row("gain", f"{v['gain']:.4f}x ({_pct(v['gain'])})")
+        table.add_row("95% lower bound", f"{v['lower_bound']:.4f}x ({_pct(v['lower_bound'])})")
+        table.add_row("stock noise σ", f"{v['sigma']:.2%}")
+        table.add_row("threshold", f"lower bound > {v['threshold']:.2%}")
+        table.add_row("unit", f"{v['unit']} (n = {ev.get('n', '?')})")
+        if ev.get("block_gains"):
+            table.add_row("per-block gains", "  ".join(f"{g:.3f}" for g in ev["block_gains"]))
+        changed = ev.get("changed_requests") or []
+        table.add_row(
+            "output", f"changes on {len(changed)} request(s)" if changed else "identical to the baseline"
+        )
+    audit = ev.get("audit")
+    if audit:
+        table.add_row(
+            "token forcing",
+            f"mismatch {audit['rate']:.2%} ({audit['mismatches']}/{audit['positions']}) vs stock "
+            f"{audit['stock_rate']:.2%} ({audit['stock_mismatches']}/{audit['stock_positions']}); "
+            f"≥2δ events {audit['large']} vs stock {audit['stock_large']} (δ = {audit['delta']:.3f}); "
+            f"unexplained {audit['unexplained']}",
+        )
+    parts: list[Any] = [head, table]
+    reasons = v.get("reasons") or []
+    if reasons:
+        parts.append(Text("reasons:", style="bold"))
+        parts += [Text(f"  • {r}") for r in reasons]
+    for note in ev.get("notes") or []:
+        parts.append(Text(f"  note: {note}", style="dim"))
+    events = (audit or {}).get("events") or []
+    if events:
+        parts.append(Text("large mismatches (first 5):", style="bold"))
+        for e in events[:5]:
+            ctx = f" …{e['context']}…" if e.get("context") else ""
+            why = "explained (stock too)" if e["explained"] else "unexplained"
+            parts.append(Text(f"  {e['id']} @{e['position']}: token {e['token']} vs argmax {e['argmax']}, "
+                              f"margin {e['margin']:.3f}, {why}{ctx}"))  # fmt: skip
+    return Panel(Group(*parts), title=title or f"verdict {str(v.get('id'))[:8]}", expand=False)
+
+
+def verdict_table(rows: Sequence[dict[str, Any]]) -> Table:
+    table = Table(title="Verdicts")
+    for col in (
+        "id",
+        "deployment",
+        "candidate",
+        "gain",
+        "lower bound",
+        "threshold",
+        "verdict",
+        "first reason",
+    ):
+        table.add_column(col)
+    for v in rows:
+        table.add_row(
+            str(v["id"])[:8], v["deployment"], v["candidate_tree"][:12], f"{v['gain']:.3f}",
+            f"{v['lower_bound']:.3f}", f"{v['threshold']:.2%}",
+            "[green]approved[/]" if v["approved"] else "[red]rejected[/]",
+            (v["reasons"] or [""])[0][:70],
+        )  # fmt: skip
+    return table
+
+
+def print_verdict(con: Console, v: dict[str, Any], title: str | None = None) -> None:
+    con.print(verdict_panel(v, title))

@@ -1,0 +1,170 @@
+"""The controller judging real refspec processes on two CPU slots (smollm-cpu, shrunk).
+
+One module-scoped home runs Phase 0 once; each test builds a candidate as a real commit in the
+workspace (a patch on stock) and asks the controller for a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from specpilot import controller
+from specpilot.deployments import Home, SpecPilotError, load_deployment
+from specpilot.deployments.knobs import set_knob
+from specpilot.deployments.registry import SHIPPED
+from specpilot.memory_store import connect, records
+from specpilot.orchestrator.workspace import Workspace
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="paired runs need two CPU cores")
+
+TINY = "smollm-tiny"
+
+
+def _tiny_spec(home: Home) -> None:
+    text = (SHIPPED / "smollm-cpu.toml").read_text()
+    text = text.replace('name = "smollm-cpu"', f'name = "{TINY}"')
+    text = text.replace("sets = { humaneval = 8, mtbench = 4 }", "sets = { humaneval = 4 }")
+    text = text.replace("max_new_tokens = 128", "max_new_tokens = 64")
+    text = text.replace('protected = ["refspec/serve.py"]', 'protected = ["refspec/serve.py"]\nblocks = 2')
+    home.deployments.mkdir(parents=True, exist_ok=True)
+    (home.deployments / f"{TINY}.toml").write_text(text)
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    """(home, deployment, workspace) with Phase 0 done."""
+    home = Home(tmp_path_factory.mktemp("judge") / "home")
+    _tiny_spec(home)
+    dep = load_deployment(TINY, home)
+    ws, _ = Workspace.init(home, dep)
+    figures = controller.run_phase0(dep, home)
+    return home, dep, ws, figures
+
+
+def _candidate(ws: Workspace, name: str, edit, base: str = "system") -> str:
+    """Commit `edit(tree_path)` on a fresh worktree from `base`; the candidate's branch name."""
+    wt = ws.add_worktree(name, base)
+    edit(wt)
+    ws.commit_worktree(wt, name)
+    return f"cand/{name}"
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path} no longer contains {old!r}: update this fixture"
+    path.write_text(text.replace(old, new, 1))
+
+
+GENERATE = "refspec/generate.py"
+
+
+def test_phase0_figures(judged):
+    home, dep, _, figures = judged
+    assert figures["delta"] >= 0.125 and figures["delta"] * 8 == int(figures["delta"] * 8)
+    assert figures["stock"]["positions"] == 4 * 64
+    assert 0.0 <= figures["noise"]["sigma"] < 0.5
+    db = connect(home)
+    assert records.get_state(db, dep.name, "phase0")["delta"] == figures["delta"]
+    assert records.get_state(db, dep.name, "controller_digest") == controller.controller_digest()
+
+
+def test_faster_knob_is_approved(judged):
+    """AR (mode = "ar") as the baseline, stock speculative decoding as the candidate: a real speedup."""
+    home, dep, ws, _ = judged
+    ar = _candidate(ws, "ar-baseline", lambda t: set_knob(t / "refspec.toml", "decode.mode", "ar"))
+    ev = controller.compare(dep, home, ar, "stock")
+    assert ev.approved, ev.reasons
+    assert ev.gain > 1.1 and ev.lower_bound > 1 + ev.threshold
+    assert not ev.changes_output  # stock is lossless against AR on an exact pass
+    assert ev.evidence["audit"]["passed"]
+
+
+def test_sleep_slowed_candidate_is_rejected(judged):
+    home, dep, ws, _ = judged
+    slow = _candidate(ws, "slow", lambda t: _replace(t / GENERATE, "        chain: list[int] = []\n",
+                                                    "        chain: list[int] = []\n        __import__('time').sleep(0.02)\n"))  # fmt: skip
+    ev = controller.compare(dep, home, "system", slow)
+    assert not ev.approved
+    assert ev.gain < 1.0
+    assert "lower bound" in ev.reasons[0]
+
+
+def test_fake_timing_fields_gain_nothing(judged):
+    """A candidate that claims tiny timings in its stats and lines is judged on the controller's clock."""
+    home, dep, ws, _ = judged
+
+    def lie(t: Path) -> None:
+        _replace(t / GENERATE, '        return {"steps": self.steps, "new_tokens": self.new_tokens, "tau": self.tau}',
+                 '        return {"steps": self.steps, "new_tokens": self.new_tokens, "tau": 99.0, '
+                 '"elapsed_s": 1e-6, "tokens_per_s": 1e9, "t_done": 0.0}')  # fmt: skip
+
+    fake = _candidate(ws, "fake", lie)
+    ev = controller.compare(dep, home, "system", fake)
+    assert not ev.approved
+    assert 0.7 < ev.gain < 1.3
+    raw = [json.loads(line) for line in Path(ev.evidence["raw"]).read_text().splitlines()]
+    assert any(
+        r["claims"].get("tokens_per_s") == 1e9 for r in raw if r["system"] == "B"
+    )  # stored, never used
+
+
+def test_planted_defect_is_rejected_by_the_audit(judged):
+    """A small bias added to some logits before the argmax during verification."""
+    home, dep, ws, _ = judged
+    bias = "        logits = self.model.forward(tokens, positions, slots, mask, kv_len)\n"
+    defect = _candidate(ws, "defect", lambda t: _replace(
+        t / GENERATE, bias, bias + "        logits = logits + 1.5 * (torch.arange(logits.shape[-1]) % 13 == 7)  # planted defect\n"))  # fmt: skip
+    ev = controller.compare(dep, home, "system", defect)
+    assert not ev.approved
+    audit = ev.evidence["audit"]
+    assert not audit["passed"] and audit["rate"] > audit["stock_rate"] + 0.005
+    assert any(r.startswith("audit:") for r in ev.reasons)
+    assert ev.changes_output
+
+
+def test_protected_path_is_refused_without_running(judged):
+    home, dep, ws, _ = judged
+    touch = _candidate(ws, "touch-serve", lambda t: (t / "refspec/serve.py").write_text(
+        (t / "refspec/serve.py").read_text() + "\n# harmless?\n"))  # fmt: skip
+    ev = controller.compare(dep, home, "system", touch)
+    assert not ev.approved and ev.run_id is None
+    assert "protected paths: refspec/serve.py" in ev.reasons[0]
+
+
+def test_crashing_candidate_is_a_failed_run_not_a_hang(judged):
+    home, dep, ws, _ = judged
+    crash = _candidate(
+        ws, "crash", lambda t: _replace(t / GENERATE, "class Engine:", "raise SystemExit(3)\nclass Engine:")
+    )
+    ev = controller.compare(dep, home, "system", crash)
+    assert not ev.approved
+    assert "failed" in ev.reasons[0] and "exited with code" in ev.reasons[0]
+    assert records.get_run(connect(home), ev.run_id).status == "failed"
+
+
+def test_stock_audit_passes_and_report_renders(judged):
+    home, dep, _, _ = judged
+    data = controller.audit_system(dep, home, "stock")
+    assert data["passed"] and data["mismatches"] == data["stock_mismatches"]
+    proc = run_cli("report", home=home.root, check=True)
+    assert "rejected" in proc.stdout
+    listed = json.loads(run_cli("--json", "report", home=home.root, check=True).stdout)
+    shown = run_cli("report", listed[-1]["id"][:8], home=home.root, check=True).stdout
+    assert "REJECTED" in shown or "APPROVED" in shown
+
+
+def test_changed_controller_refuses_to_judge(judged):
+    home, dep, _, _ = judged
+    db = connect(home)
+    good = records.get_state(db, dep.name, "controller_digest")
+    records.set_state(db, dep.name, "controller_digest", "0" * 64)
+    try:
+        with pytest.raises(SpecPilotError, match="controller's source changed since Phase 0"):
+            controller.compare(dep, home, "system", "stock")
+    finally:
+        records.set_state(db, dep.name, "controller_digest", good)
