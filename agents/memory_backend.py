@@ -3,13 +3,15 @@
 The master proposes (a) applying a memory entry of this engine that the system lacks (its
 requirements come with it) and (b) retuning a knob of a variant registry to a tested value the
 system does not hold. It ranks them by the cost-model factor each attacks (largest first), then by
-the gain recorded for this deployment in the entry's evidence, and never repeats a direction
-already judged against the same system. The sub-agent applies the entry's deltas with `git apply`
+the gain recorded for this deployment in the entry's evidence, then entries before retunes and
+small knob steps before large ones, and never repeats a direction already judged against the
+same system. The sub-agent applies the entry's deltas with `git apply`
 or edits the one knob line.
 """
 
 from __future__ import annotations
 
+import math
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,12 @@ def _recorded_gain(
     return max(gains, default=0.0)
 
 
+def _step(current: Any, value: Any) -> float:
+    """How far a retune moves a knob: small numeric steps first, switches of kind last."""
+    numeric = all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in (current, value))
+    return abs(math.log(value / current)) if numeric else math.inf
+
+
 def candidate_directions(ctx: PlanningContext) -> list[Direction]:
     """Every direction the memory offers for this system, best first."""
     factors = ctx.costmodel.get("factors", {})
@@ -52,7 +60,7 @@ def candidate_directions(ctx: PlanningContext) -> list[Direction]:
                 plan=f"apply {e['name']} with its requirements ({', '.join(e.get('requires', [])) or 'none'})",
                 entry=e["name"],
             )  # fmt: skip
-            out.append(((-weight, -gain, 0, d.key), d))
+            out.append(((-weight, -gain, 0, 0.0, d.key), d))
         if e["name"] in have or not e.get("has_code", True):
             for v in e.get("variants", []):
                 current = ctx.knobs.get(f"{v['file']}:{v['knob']}")
@@ -67,7 +75,7 @@ def candidate_directions(ctx: PlanningContext) -> list[Direction]:
                         plan=f"set {v['knob']} = {value!r} in {v['file']}",
                         knob=KnobChange(knob=v["knob"], file=v["file"], value=value),
                     )  # fmt: skip
-                    out.append(((-weight, -gain, 1, d.key), d))
+                    out.append(((-weight, -gain, 1, _step(current, value), d.key), d))
     return [d for _, d in sorted(out, key=lambda t: t[0])]
 
 
