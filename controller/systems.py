@@ -100,7 +100,9 @@ def apply_candidate(
     tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".apply-"))
     try:
         # The baseline's export may hold bytecode from earlier runs: never part of a system.
-        shutil.copytree(baseline.path, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*CACHE_EXCLUDES))
+        shutil.copytree(
+            baseline.path, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*CACHE_EXCLUDES)
+        )
         proc = subprocess.run(
             ["git", "apply", "--whitespace=nowarn", "-"], cwd=tmp, input=diff, capture_output=True
         )

@@ -74,6 +74,8 @@ def test_sub_agent_edits_one_line_and_applies_entry_deltas(world):
     # An entry's delta (requirements first) applies with real git.
     wt2 = ws.add_worktree("entry")
     delta = patch.diff
-    e = Direction(title="apply x", hypothesis="hyp", target_factor="tree", expected_gain=0.0, plan="plan", entry="x")
+    e = Direction(
+        title="apply x", hypothesis="hyp", target_factor="tree", expected_gain=0.0, plan="plan", entry="x"
+    )
     applied = MemorySubAgent({"x": [("x", delta)]}).implement(e, wt2, "cpu:0", tools=None)
     assert applied.diff == patch.diff

@@ -29,7 +29,7 @@ def _tiny_spec(home: Home) -> None:
     text = (SHIPPED / "smollm-cpu.toml").read_text()
     text = text.replace('name = "smollm-cpu"', f'name = "{TINY}"')
     text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 4 }")
-        home.deployments.mkdir(parents=True, exist_ok=True)
+    home.deployments.mkdir(parents=True, exist_ok=True)
     (home.deployments / f"{TINY}.toml").write_text(text)
 
 

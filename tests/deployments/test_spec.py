@@ -80,9 +80,7 @@ def test_missing_field_is_named(tmp_path):
 
 
 def test_wrong_type_and_bad_slot_are_named(tmp_path):
-    p = _write(
-        tmp_path, "smollm-cpu", _base_text().replace("max_new_tokens = 64", 'max_new_tokens = "lots"')
-    )
+    p = _write(tmp_path, "smollm-cpu", _base_text().replace("max_new_tokens = 64", 'max_new_tokens = "lots"'))
     with pytest.raises(SpecPilotError, match=r"field `workload.max_new_tokens`: .*integer"):
         load_deployment_file(p)
     p = _write(tmp_path, "smollm-cpu", _base_text().replace('"cpu:1"', '"gpu1"'))
