@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -112,11 +113,12 @@ def test_fake_timing_fields_gain_nothing(judged):
 
 
 def test_planted_defect_is_rejected_by_the_audit(judged):
-    """A small bias added to some logits before the argmax during verification."""
+    """fixtures/planted_defect.patch: a small bias added to some logits before the verify argmax."""
     home, dep, ws, _ = judged
-    bias = "        logits = self.model.forward(tokens, positions, slots, mask, kv_len)\n"
-    defect = _candidate(ws, "defect", lambda t: _replace(
-        t / GENERATE, bias, bias + "        logits = logits + 1.5 * (torch.arange(logits.shape[-1]) % 13 == 7)  # planted defect\n"))  # fmt: skip
+    patch = (Path(__file__).parent / "fixtures" / "planted_defect.patch").read_bytes()
+    defect = _candidate(
+        ws, "defect", lambda t: subprocess.run(["git", "apply", "-"], cwd=t, input=patch, check=True)
+    )
     ev = controller.compare(dep, home, "system", defect)
     assert not ev.approved
     audit = ev.evidence["audit"]
