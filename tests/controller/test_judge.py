@@ -15,7 +15,6 @@ import pytest
 
 from specpilot import controller
 from specpilot.deployments import Home, SpecPilotError, load_deployment
-from specpilot.deployments.knobs import set_knob
 from specpilot.deployments.registry import SHIPPED
 from specpilot.memory_store import connect, records
 from specpilot.orchestrator.workspace import Workspace
@@ -72,22 +71,28 @@ def test_phase0_figures(judged):
     assert records.get_state(db, dep.name, "controller_digest") == controller.controller_digest()
 
 
-def test_faster_knob_is_approved(judged):
-    """AR (mode = "ar") as the baseline, stock speculative decoding as the candidate: a real speedup."""
+def _sleepy(ws: Workspace, name: str) -> str:
+    """Stock with a 20 ms sleep in every decode step: a real per-step cost, output unchanged."""
+    return _candidate(ws, name, lambda t: _replace(t / GENERATE, "        chain: list[int] = []\n",
+                                                   "        chain: list[int] = []\n        __import__('time').sleep(0.02)\n"))  # fmt: skip
+
+
+def test_removing_a_per_step_cost_is_approved(judged):
+    """A sleep-slowed baseline against stock: the candidate is truly faster and must be approved.
+
+    (AR against stock speculative decoding is too close on one shared CPU core to be a stable test.)
+    """
     home, dep, ws, _ = judged
-    ar = _candidate(ws, "ar-baseline", lambda t: set_knob(t / "refspec.toml", "decode.mode", "ar"))
-    ev = controller.compare(dep, home, ar, "stock")
+    ev = controller.compare(dep, home, _sleepy(ws, "sleepy-baseline"), "stock")
     assert ev.approved, ev.reasons
     assert ev.gain > 1.1 and ev.lower_bound > 1 + ev.threshold
-    assert not ev.changes_output  # stock is lossless against AR on an exact pass
+    assert not ev.changes_output
     assert ev.evidence["audit"]["passed"]
 
 
 def test_sleep_slowed_candidate_is_rejected(judged):
     home, dep, ws, _ = judged
-    slow = _candidate(ws, "slow", lambda t: _replace(t / GENERATE, "        chain: list[int] = []\n",
-                                                    "        chain: list[int] = []\n        __import__('time').sleep(0.02)\n"))  # fmt: skip
-    ev = controller.compare(dep, home, "system", slow)
+    ev = controller.compare(dep, home, "system", _sleepy(ws, "slow"))
     assert not ev.approved
     assert ev.gain < 1.0
     assert "lower bound" in ev.reasons[0]

@@ -224,7 +224,7 @@ def test_cli_list_show_fetch(home, private_cache):
     )
     assert [s["set"] for s in fetched["sets"]] == ["humaneval", "mtbench"]
     rf = fetched["request_file"]
-    assert rf["requests"] == 12 and rf["sets"]["humaneval"]["requests"] == 8
+    assert rf["requests"] == 7 and rf["sets"]["humaneval"]["requests"] == 5
     # A fresh process rebuilds the same bytes (the seeded draw does not depend on hash randomization).
     before = Path(rf["path"]).read_bytes()
     Path(rf["path"]).unlink()
@@ -232,7 +232,7 @@ def test_cli_list_show_fetch(home, private_cache):
         run_cli("--json", "workloads", "show", "-d", "smollm-cpu", home=home, check=True).stdout
     )
     assert again["path"] == rf["path"] and Path(rf["path"]).read_bytes() == before
-    assert "smollm-cpu: 12 requests" in run_cli("workloads", "show", "-d", "smollm-cpu", home=home).stdout
+    assert "smollm-cpu: 7 requests" in run_cli("workloads", "show", "-d", "smollm-cpu", home=home).stdout
 
     for args, expect in (
         (("workloads", "show", "nope"), "unknown workload set 'nope'"),

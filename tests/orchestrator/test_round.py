@@ -83,7 +83,7 @@ def test_round_kill_resume_then_second_round(tmp_path):
     assert len(state["directions"]) == 2
 
     seal = run_cli("--json", "seal-check", "--all", home=home, check=True)
-    assert all(r["ok"] for r in json.loads(seal.stdout)["results"])
+    assert all(r["ok"] for r in json.loads(seal.stdout))
 
     report = run_cli("report", "1", "--deployment", NAME, home=home, check=True).stdout
     assert "round 1 of smollm-round" in report and "directions" in report
