@@ -44,15 +44,27 @@ def main() -> None:
     parser.add_argument("--pld-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--requests", type=Path, default=None,
+        help="a request file (JSONL) to use instead of building smollm-cpu's (no specpilot install needed)",
+    )  # fmt: skip
     args = parser.parse_args()
     # refspec AR first: every other system's output is compared with it.
     systems = sorted(args.systems.split(","), key=lambda s: s != "refspec-ar")
 
-    from specpilot.deployments import Home, load_deployment
-    from specpilot.deployments.stock import import_refspec
-    from specpilot.deployments.workloads import load_requests, request_file
+    if args.requests is None:
+        from specpilot.deployments import Home, load_deployment
+        from specpilot.deployments.stock import import_refspec
+        from specpilot.deployments.workloads import load_requests, request_file
 
-    import_refspec()
+        import_refspec()
+        lines = load_requests(request_file(load_deployment("smollm-cpu"), Home.resolve()))
+        requests = [{"set": r.set, "input_ids": r.input_ids} for r in lines]
+    else:  # a GPU machine without the project installed: the stock tree from this checkout
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deployments" / "stock" / "refspec"))
+        requests = [json.loads(line) for line in args.requests.read_text().splitlines()]
     from refspec.config import load_config
     from refspec.runtime import open_engine, warm_up
     from refspec.weights import SMOLLM2, resolve_model
@@ -63,11 +75,7 @@ def main() -> None:
     from transformers import LlamaForCausalLM
 
     device = engine.device
-    home = Home.resolve()
-    requests = [
-        r for r in load_requests(request_file(load_deployment("smollm-cpu"), home)) if r.set == "humaneval"
-    ]
-    prompts = [r.input_ids for r in requests[: args.prompts]]
+    prompts = [r["input_ids"] for r in requests if r["set"] == "humaneval"][: args.prompts]
     n = args.max_new_tokens
 
     hf = LlamaForCausalLM.from_pretrained(resolve_model(SMOLLM2), dtype=engine.model.dtype).to(device).eval()

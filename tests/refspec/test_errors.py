@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -78,3 +79,12 @@ def test_stock_config_is_the_contract(folder):
         "runtime": {"dtype": "auto", "threads": 1, "cpu_layout": "dual"},
     }
     assert os.environ.get("SPECPILOT_CACHE") and Path(folder).is_dir()
+
+
+def test_not_a_llama_folder(tmp_path, folder):
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(
+        json.dumps(config | {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    )
+    with pytest.raises(RefspecError, match=r"config\.json: model type 'gpt2' is not Llama"):
+        load_model(resolve_model(str(tmp_path)), torch.device("cpu"), torch.float32)

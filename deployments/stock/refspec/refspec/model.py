@@ -48,14 +48,16 @@ class ModelArgs:
 
     @classmethod
     def from_hf(cls, config: dict) -> ModelArgs:
-        if config.get("model_type") not in ("llama", "mistral", "qwen2") and "LlamaForCausalLM" not in (
-            config.get("architectures") or []
-        ):
+        arch = config.get("architectures") or []
+        if config.get("model_type") != "llama" and "LlamaForCausalLM" not in arch:
             raise RefspecError(
-                f"model type {config.get('model_type')!r} is not Llama-family; refspec runs Llama-family HF folders"
+                f"model type {config.get('model_type')!r} is not Llama; refspec runs Llama-family HF folders"
             )
-        if config.get("rope_scaling"):
-            raise RefspecError("rope_scaling is not supported by refspec's model (plain RoPE only)")
+        for unsupported in ("rope_scaling", "attention_bias", "mlp_bias"):
+            if config.get(unsupported):
+                raise RefspecError(
+                    f"config.json sets {unsupported}, which refspec's Llama model does not support"
+                )
         heads = config["num_attention_heads"]
         return cls(
             vocab=config["vocab_size"],
@@ -83,20 +85,24 @@ def _interleave(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF Llama's RMSNorm, op for op (F.rms_norm is slower on one CPU core at these sizes)."""
+    """HF Llama's RMSNorm, op for op, so refspec's logits follow HF's as closely as fp32 allows."""
     if x.dtype != torch.float32:  # HF normalizes in fp32 and scales in the model's dtype
         xf = x.float()
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+PACK_ROWS = 16  # oneDNN blocks the packed layout for this many rows
+GEMV_ROWS = 1  # a single row (AR) streams W^T (GEMV); two rows and more use the packed GEMM
+
+
 class Linear:
     """One weight matrix [out, in] in the layouts its kernels want (y = x @ W^T).
 
     On one CPU core the best kernel depends on the row count: a GEMV streams W^T stored
-    [in, out] at close to memory bandwidth (MKL), while a GEMM over a few rows is twice as fast
-    from oneDNN's blocked layout as from MKL. CPU keeps both (the cost is a second copy of the
-    weights); CUDA keeps the plain weight for cuBLAS.
+    [in, out] at close to memory bandwidth (MKL), while a GEMM over a few rows runs 1.4-2x faster
+    from oneDNN's blocked layout than from MKL (bench/refspec_rows.py). `dual` keeps both (the
+    cost is a second copy of the weights); CUDA keeps the plain weight for cuBLAS.
     """
 
     __slots__ = ("plain", "gemv", "packed")
@@ -116,10 +122,6 @@ class Linear:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return F.linear(x, self.plain)
-
-
-PACK_ROWS = 16  # oneDNN blocks the packed layout for this many rows
-GEMV_ROWS = 1  # a single row (AR) streams W^T (GEMV); two rows and more use the packed GEMM
 
 
 def cpu_layouts() -> tuple[str, ...]:
@@ -309,5 +311,10 @@ def load_model(
     folder: Path, device: torch.device, dtype: torch.dtype, cpu_layout: str = "dual"
 ) -> Transformer:
     """The Transformer of an HF Llama-family folder (config.json + *.safetensors)."""
-    args = ModelArgs.from_hf(load_config(folder))
+    try:
+        args = ModelArgs.from_hf(load_config(folder))
+    except KeyError as e:
+        raise RefspecError(f"{folder / 'config.json'} lacks {e}; give a complete HF Llama folder") from None
+    except RefspecError as e:
+        raise RefspecError(f"{folder / 'config.json'}: {e}") from None
     return Transformer(args, load_state_dict(folder), device, dtype, cpu_layout)
