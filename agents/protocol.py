@@ -60,6 +60,7 @@ class PlanningContext:
     memory: list[dict[str, Any]]  # summaries of memory entries for this engine
     past: list[dict[str, Any]]  # earlier directions with their verdicts and reasons
     slots: list[str]  # free device slots: one direction each
+    knobs: dict[str, Any] = field(default_factory=dict)  # "file:section.key" -> the system's value
     budget: dict[str, Any] = field(default_factory=dict)
 
 

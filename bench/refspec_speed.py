@@ -3,7 +3,7 @@
     python bench/refspec_speed.py --device cpu:0 [--prompts 8] [--max-new-tokens 128]
     python bench/refspec_speed.py --device cuda:0
 
-Same HumanEval prompts (the smollm-cpu workload's request file, chat-templated), same slot, greedy,
+Same HumanEval prompts (smollm-cpu's workload with --prompts HumanEval samples, chat-templated), same slot, greedy,
 exactly max-new-tokens new tokens each (EOS ignored by all four). A CPU slot pins this process to
 one core with one torch thread. tokens/s = all new tokens / all wall time, prefill included;
 "vs refspec AR" = geometric mean over prompts of (refspec AR time / the system's time on the same
@@ -39,7 +39,7 @@ def machine(device: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu:0")
-    parser.add_argument("--prompts", type=int, default=8, help="HumanEval prompts of the smollm-cpu workload")
+    parser.add_argument("--prompts", type=int, default=8, help="HumanEval prompts (seeded sample)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--pld-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
@@ -58,7 +58,10 @@ def main() -> None:
         from specpilot.deployments.workloads import load_requests, request_file
 
         import_refspec()
-        lines = load_requests(request_file(load_deployment("smollm-cpu"), Home.resolve()))
+        dep = load_deployment("smollm-cpu")
+        workload = dep.workload.model_copy(update={"sets": {"humaneval": args.prompts}})
+        dep = dep.model_copy(update={"workload": workload})
+        lines = load_requests(request_file(dep, Home.resolve()))
         requests = [{"set": r.set, "input_ids": r.input_ids} for r in lines]
     else:  # a GPU machine without the project installed: the stock tree from this checkout
         import sys

@@ -5,7 +5,7 @@ rest of the package is private.
 """
 
 from .engine import Request, SystemFailed
-from .evaluate import Evaluation, audit_system, compare, measure_noise
+from .evaluate import Evaluation, audit_system, compare, cost_report, measure_noise, quick_compare
 from .integrity import controller_digest
 from .phase0 import run_phase0
 from .systems import CandidateRefused
@@ -18,6 +18,8 @@ __all__ = [
     "audit_system",
     "compare",
     "controller_digest",
+    "cost_report",
     "measure_noise",
+    "quick_compare",
     "run_phase0",
 ]

@@ -147,20 +147,14 @@ def compare(
 
         return _refused(db, dep, baseline, tree_of(repo, candidate_rev), str(e), sigma)
     reqs = requests_of(dep, home)
-    run_id = records.add_run(db, dep.name, "paired", baseline.tree, candidate.tree)
-    raw = home.runs / f"{run_id}.jsonl"
     try:
-        with lease(home, slots_of(dep)) as (s0, s1):
-            run = paired_run(adapter_for(dep, home), baseline, candidate, (s0, s1), reqs,
-                             blocks=blocks or dep.controller.blocks, warmup=dep.controller.warmup_requests,
-                             raw=raw, progress=progress)  # fmt: skip
-    except SystemFailed as e:
-        records.fail_run(db, run_id, f"{e}\n{e.log_tail}")
-        reason = f"a system failed during the paired run: {e}"
-        vid = records.add_verdict(db, dep.name, run_id, baseline.tree, candidate.tree, False, False, 0.0, 0.0,
-                                  sigma, 0.0, "requests", [reason], {"log_tail": e.log_tail})  # fmt: skip
-        return Evaluation(vid, run_id, dep.name, baseline.tree, candidate.tree, False, False, 0.0, 0.0, sigma,
-                          0.0, "requests", [reason], {"log_tail": e.log_tail})  # fmt: skip
+        run_id, raw, run = _measure(dep, home, db, baseline, candidate, reqs, blocks, progress)
+    except _Failed as f:
+        reason = f"a system failed during the paired run: {f.error}"
+        vid = records.add_verdict(db, dep.name, f.run_id, baseline.tree, candidate.tree, False, False, 0.0, 0.0,
+                                  sigma, 0.0, "requests", [reason], {"log_tail": f.error.log_tail})  # fmt: skip
+        return Evaluation(vid, f.run_id, dep.name, baseline.tree, candidate.tree, False, False, 0.0, 0.0, sigma,
+                          0.0, "requests", [reason], {"log_tail": f.error.log_tail})  # fmt: skip
     res = paired_stats(run.blocks)
     changed = run.changes_output()
     extra = [f"integrity: {v}" for v in run.violations]
@@ -185,6 +179,57 @@ def compare(
                               evidence)  # fmt: skip
     return Evaluation(vid, run_id, dep.name, baseline.tree, candidate.tree, verdict.approved, bool(changed),
                       res.gain, res.lower_bound, sigma, verdict.threshold, res.unit, verdict.reasons, evidence)  # fmt: skip
+
+
+class _Failed(Exception):
+    def __init__(self, run_id: str, error: SystemFailed):
+        self.run_id, self.error = run_id, error
+
+
+def _measure(dep: Deployment, home: Home, db, baseline: SystemTree, candidate: SystemTree, reqs: list[Request],
+             blocks: int | None, progress: Progress):  # fmt: skip
+    """One stored paired run of candidate against baseline on the deployment's two leased slots."""
+    run_id = records.add_run(db, dep.name, "paired", baseline.tree, candidate.tree)
+    raw = home.runs / f"{run_id}.jsonl"
+    try:
+        with lease(home, slots_of(dep)) as (s0, s1):
+            run = paired_run(adapter_for(dep, home), baseline, candidate, (s0, s1), reqs,
+                             blocks=blocks or dep.controller.blocks, warmup=dep.controller.warmup_requests,
+                             raw=raw, progress=progress)  # fmt: skip
+    except SystemFailed as e:
+        records.fail_run(db, run_id, f"{e}\n{e.log_tail}")
+        raise _Failed(run_id, e) from None
+    return run_id, raw, run
+
+
+def quick_compare(dep: Deployment, home: Home, baseline_rev: str, candidate_rev: str, *, blocks: int = 1,
+                  max_requests: int | None = 4, progress: Progress = lambda _: None) -> dict[str, Any]:  # fmt: skip
+    """A short paired measurement for a sub-agent: gain and bound, no audit, never a verdict.
+
+    Approval happens only in the round; this only tells an agent whether it is on the right track.
+    """
+    db = connect(home)
+    _digest(db, dep)
+    repo = workspace_repo(home, dep)
+    cache = systems_cache(home, dep)
+    baseline = checkout(repo, baseline_rev, cache)
+    try:
+        candidate = apply_candidate(repo, baseline, candidate_rev, protected_paths(dep), cache)
+    except CandidateRefused as e:
+        return {"refused": str(e), "note": "not a verdict: approval happens only in the round"}
+    reqs = requests_of(
+        dep, home, limit=(max_requests + dep.controller.warmup_requests) if max_requests else None
+    )
+    try:
+        run_id, _, run = _measure(dep, home, db, baseline, candidate, reqs, blocks, progress)
+    except _Failed as f:
+        return {"failed": str(f.error), "log_tail": f.error.log_tail, "run_id": f.run_id}
+    res = paired_stats(run.blocks)
+    out = {"gain": res.gain, "lower_bound": res.lower_bound, "unit": res.unit, "n": res.n,
+           "changed_requests": run.changes_output(), "violations": run.violations, "run_id": run_id,
+           "candidate_tree": candidate.tree, "note": "not a verdict: approval happens only in the round"}  # fmt: skip
+    records.finish_run(db, run_id, summary={"quick": True, **out})
+    return out
 
 
 def audit_outputs(
@@ -262,3 +307,15 @@ def audit_system(
     }
     records.finish_run(db, run_id, summary=data, raw_path=str(logs))
     return data
+
+
+def cost_report(dep: Deployment, home: Home, rev: str, *, max_requests: int | None = None) -> dict[str, Any]:
+    """The cost-model report of a system (profile + exact replay on the first slot), as JSON data."""
+    from specpilot.costmodel import measure
+
+    system = checkout(workspace_repo(home, dep), rev, systems_cache(home, dep))
+    s0 = slots_of(dep)[0]
+    with lease(home, [s0]):
+        report = measure(dep, home, tree=system.path, slot=str(s0), requests=request_file(dep, home),
+                         system=system.tree, max_requests=max_requests)  # fmt: skip
+    return report.to_dict()

@@ -79,13 +79,13 @@ def paired_stats(blocks: Sequence[Sequence[RequestSpeeds]]) -> PairedStats:
 
 
 def noise_sigma(aa: PairedStats) -> float:
-    """Stock noise σ from a stock-vs-stock (A/A) run: the spread of one unit's log gain.
+    """Stock noise σ from a stock-vs-stock (A/A) run: the standard error of its gain.
 
-    Expressed as a fraction (0.004 = 0.4%). It is the standard deviation of the unit the A/A run
-    used, so the approval threshold 1% + 2σ asks a candidate to clear twice what stock against
-    itself wanders by.
+    A fraction (0.004 = 0.4%): how far a measured gain wanders when nothing changed, in the same
+    design (blocks, requests, slots) a comparison uses. The lower bound already accounts for a
+    candidate's own spread; the bar 1% + 2σ adds a margin for what stock against itself shows.
     """
-    return math.expm1(aa.log_sd)
+    return math.expm1(aa.log_sd / math.sqrt(aa.n)) if aa.n > 1 else 0.0
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specpilot.deployments import SpecPilotError
+from specpilot.memory_store.gittree import CACHE_EXCLUDES, GitError, git_bytes, write_tree
 
 # Paths every engine protects, besides the deployment's own list.
 ENGINE_PROTECTED = {"refspec": ["refspec/serve.py"], "sglang": []}
@@ -28,13 +29,11 @@ class CandidateRefused(Exception):
     """The candidate may not be measured (touches a protected path, does not apply...)."""
 
 
-def _git(repo: Path, *args: str, input: bytes | None = None) -> bytes:
-    proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True)
-    if proc.returncode != 0:
-        raise SpecPilotError(
-            f"git {' '.join(args)} failed in {repo}: {proc.stderr.decode(errors='replace').strip()}"
-        )
-    return proc.stdout
+def _git(repo: Path, *args: str) -> bytes:
+    try:
+        return git_bytes(repo, *args)
+    except GitError as e:
+        raise SpecPilotError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -50,22 +49,6 @@ def tree_of(repo: Path, rev: str) -> str:
         raise SpecPilotError(
             f"{repo}: no revision {rev!r} (give a branch, tag, commit or tree hash)"
         ) from None
-
-
-def _tree_hash_of_folder(repo: Path, folder: Path) -> str:
-    """The tree hash of a folder's files as the workspace computes it (content only, mode 100644)."""
-    idx = Path(tempfile.mkstemp(prefix="specpilot-index-")[1])
-    try:
-        env = {**os.environ, "GIT_INDEX_FILE": str(idx), "GIT_WORK_TREE": str(folder)}
-        idx.unlink()
-        for args in (["add", "-A", "--force", "."], ["write-tree"]):
-            proc = subprocess.run(["git", "-C", str(folder), f"--git-dir={repo / '.git'}", *args],
-                                  env=env, capture_output=True)  # fmt: skip
-            if proc.returncode != 0:
-                raise SpecPilotError(f"git {args[0]} failed on {folder}: {proc.stderr.decode().strip()}")
-        return proc.stdout.decode().strip()
-    finally:
-        idx.unlink(missing_ok=True)
 
 
 def checkout(repo: Path, rev: str, cache: Path) -> SystemTree:
@@ -116,7 +99,10 @@ def apply_candidate(
     diff = _git(repo, "diff", "--binary", "--no-renames", baseline.tree, cand_tree)
     tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".apply-"))
     try:
-        shutil.copytree(baseline.path, tmp, dirs_exist_ok=True)
+        # The baseline's export may hold bytecode from earlier runs: never part of a system.
+        shutil.copytree(
+            baseline.path, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*CACHE_EXCLUDES)
+        )
         proc = subprocess.run(
             ["git", "apply", "--whitespace=nowarn", "-"], cwd=tmp, input=diff, capture_output=True
         )
@@ -124,7 +110,7 @@ def apply_candidate(
             raise CandidateRefused(
                 f"the candidate's diff does not apply to the baseline: {proc.stderr.decode().strip()}"
             )
-        got = _tree_hash_of_folder(repo, tmp)
+        got = write_tree(repo, tmp)
         if got != cand_tree:
             raise CandidateRefused(
                 f"baseline + diff gives tree {got[:12]}, not the candidate's {cand_tree[:12]}"

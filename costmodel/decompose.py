@@ -137,6 +137,12 @@ def decompose(
         best_policy, tau_best = "unmeasured", profile.tau
         notes.append("no recording: F_tree is not measured and counts as 1")
 
+    if profile.profiled_s > profile.step_wall_s:
+        notes.append(
+            f"profiled kernel time {profile.profiled_s * 1e3:.1f} ms exceeds the step wall time "
+            f"{profile.step_wall_s * 1e3:.1f} ms: profiler overhead (or another load during the profiled "
+            "run) inflates the class times, so F_kernel is too high and F_outside < 1 is no real gain"
+        )
     f_tree = tau_best / profile.tau
     f_kernel = profile.profiled_s / floor if floor > 0 else 1.0
     f_outside = profile.step_wall_s / profile.profiled_s if profile.profiled_s > 0 else 1.0

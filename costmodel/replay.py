@@ -118,6 +118,7 @@ class ReplayTable:
     results: list[Replay]
     requests: int
     block_size: int
+    set_sizes: dict[str, int] = field(default_factory=dict)  # requests per benchmark set
 
     def tau(self, policy: str, budget: int | None) -> float:
         for r in self.results:
@@ -137,6 +138,7 @@ class ReplayTable:
         return {
             "budgets": self.budgets,
             "requests": self.requests,
+            "set_sizes": self.set_sizes,
             "block_size": self.block_size,
             "tau": {p: {str(b): self.tau(p, b) for b in self.budgets} for p in TREE_POLICIES}
             | {"oracle": self.tau("oracle", None)},
@@ -152,4 +154,7 @@ def replay_table(records: Sequence[Record], budgets: Sequence[int] = BUDGETS) ->
     results = [replay(records, p, b) for p in TREE_POLICIES for b in budgets]
     results.append(replay(records, "oracle", None))
     block = max((r.block_size for r in records), default=0)
-    return ReplayTable(list(budgets), results, len(records), block)
+    sizes: dict[str, int] = {}
+    for rec in records:
+        sizes[rec.set] = sizes.get(rec.set, 0) + 1
+    return ReplayTable(list(budgets), results, len(records), block, dict(sorted(sizes.items())))

@@ -256,6 +256,12 @@ def get_round(db: Database, deployment: str, number: int | None = None) -> Round
         return None if row is None else RoundRecord(**_fields(row, RoundRecord))
 
 
+def round_deployments(db: Database) -> list[str]:
+    """The deployments that have rounds, by name."""
+    with db.session(readonly=True) as s:
+        return list(s.scalars(select(RoundRow.deployment).distinct().order_by(RoundRow.deployment)))
+
+
 def list_rounds(db: Database, deployment: str) -> list[RoundRecord]:
     with db.session(readonly=True) as s:
         q = select(RoundRow).where(RoundRow.deployment == deployment).order_by(RoundRow.number)

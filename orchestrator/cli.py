@@ -16,6 +16,7 @@ from . import (
     cli_costmodel,
     cli_deployments,
     cli_memory,
+    cli_round,
     cli_seal,
     cli_workloads,
     cli_workspace,
@@ -38,6 +39,7 @@ app.command("seal-check")(cli_seal.seal_check)
 app.add_typer(cli_controller.app, name="controller")
 app.command("phase0")(cli_controller.phase0)
 app.command("report")(cli_controller.report)
+app.command("round")(cli_round.round_)
 
 
 @app.callback()

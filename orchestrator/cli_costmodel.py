@@ -230,7 +230,9 @@ def render_report(con: Console, r: CostReport) -> None:
 def render_replay(con: Console, t: ReplayTable) -> None:
     sets = sorted({s for r in t.results for s in r.per_set})
     for name in [None, *sets] if len(sets) > 1 else [None]:
-        title = f"τ by exact replay — {name or 'all requests'} ({t.requests} requests, block {t.block_size})"
+        count = t.set_sizes.get(name, 0) if name else t.requests
+        noun = "request" if count == 1 else "requests"
+        title = f"τ by exact replay — {name or 'all requests'} ({count} {noun}, block {t.block_size})"
         tab = Table(title=title)
         tab.add_column("policy")
         for b in t.budgets:

@@ -100,3 +100,49 @@ def verdict_table(rows: Sequence[dict[str, Any]]) -> Table:
 
 def print_verdict(con: Console, v: dict[str, Any], title: str | None = None) -> None:
     con.print(verdict_panel(v, title))
+
+
+def round_panel(deployment: str, number: int, status: str, st: dict[str, Any]) -> Panel:
+    """The approval report of one round."""
+    parts: list[Any] = []
+    base = st.get("baseline", {})
+    res = st.get("result") or {}
+    parts.append(Text(f"agent {st.get('agent')}, status {status}; system {base.get('tree', '?')[:12]}"
+                      f" (entries: {', '.join(base.get('entries') or []) or 'stock'})"))  # fmt: skip
+    cm = st.get("costmodel")
+    if cm:
+        f = cm.get("factors") or {}
+        parts.append(Text(
+            f"cost model: τ {cm['tau']:.2f}, c {cm['c']:.2f}, speedup over AR {cm['speedup']:.2f}x; "
+            f"ceiling factors tree {f.get('tree', 0):.2f} · kernel {f.get('kernel', 0):.2f} · "
+            f"outside {f.get('outside', 0):.2f} → largest: {cm['largest']}"))  # fmt: skip
+    table = Table(title="directions")
+    for col in ("#", "direction", "factor", "slot", "verdict", "gain", "lower bound", "bar", "why"):
+        table.add_column(col)
+    evals = st.get("evaluations", {})
+    for i, d in enumerate(st.get("directions", [])):
+        ev = evals.get(str(i))
+        if ev is None:
+            verdict, gain, lb, bar, why = "[yellow]pending[/]", "", "", "", ""
+        else:
+            verdict = "[green]approved[/]" if ev["approved"] else "[red]rejected[/]"
+            gain = f"{ev['gain']:.3f}" if ev.get("gain") else "-"
+            lb = f"{ev['lower_bound']:.3f}" if ev.get("lower_bound") else "-"
+            bar = f"{ev['threshold']:.2%}" if ev.get("threshold") else "-"
+            why = "; ".join(ev.get("reasons") or []) or "clears the bar; audit passed"
+        table.add_row(str(i), d["title"], d["target_factor"], d.get("slot", ""), verdict, gain, lb, bar, why)
+    parts.append(table)
+    comb = st.get("combination")
+    if comb:
+        note = f" ({comb['note']})" if comb.get("note") else ""
+        parts.append(Text(f"combination: {comb['kind']}, applied {comb.get('applied')}{note}"))
+    if res:
+        if res.get("changed"):
+            ok = all(r.get("ok") for r in res.get("seal_check", []))
+            parts.append(Text(
+                f"new system {res['tree'][:12]} = stock + {', '.join(res['entries'])}; new entries "
+                f"{', '.join(res.get('new_entries') or []) or 'none'}; seal-check {'passed' if ok else 'FAILED'}",
+                style="bold green" if ok else "bold red"))  # fmt: skip
+        else:
+            parts.append(Text("no direction approved: the system is unchanged", style="bold"))
+    return Panel(Group(*parts), title=f"round {number} of {deployment}", expand=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,7 @@ TINY = "smollm-tiny"
 def _tiny_spec(home: Home) -> None:
     text = (SHIPPED / "smollm-cpu.toml").read_text()
     text = text.replace('name = "smollm-cpu"', f'name = "{TINY}"')
-    text = text.replace("sets = { humaneval = 8, mtbench = 4 }", "sets = { humaneval = 4 }")
-    text = text.replace("max_new_tokens = 128", "max_new_tokens = 64")
-    text = text.replace('protected = ["refspec/serve.py"]', 'protected = ["refspec/serve.py"]\nblocks = 2')
+    text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 4 }")
     home.deployments.mkdir(parents=True, exist_ok=True)
     (home.deployments / f"{TINY}.toml").write_text(text)
 
@@ -114,11 +113,12 @@ def test_fake_timing_fields_gain_nothing(judged):
 
 
 def test_planted_defect_is_rejected_by_the_audit(judged):
-    """A small bias added to some logits before the argmax during verification."""
+    """fixtures/planted_defect.patch: a small bias added to some logits before the verify argmax."""
     home, dep, ws, _ = judged
-    bias = "        logits = self.model.forward(tokens, positions, slots, mask, kv_len)\n"
-    defect = _candidate(ws, "defect", lambda t: _replace(
-        t / GENERATE, bias, bias + "        logits = logits + 1.5 * (torch.arange(logits.shape[-1]) % 13 == 7)  # planted defect\n"))  # fmt: skip
+    patch = (Path(__file__).parent / "fixtures" / "planted_defect.patch").read_bytes()
+    defect = _candidate(
+        ws, "defect", lambda t: subprocess.run(["git", "apply", "-"], cwd=t, input=patch, check=True)
+    )
     ev = controller.compare(dep, home, "system", defect)
     assert not ev.approved
     audit = ev.evidence["audit"]

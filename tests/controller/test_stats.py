@@ -68,8 +68,8 @@ def test_fewer_than_five_blocks_use_requests_as_unit():
     assert math.log(res.lower_bound) == pytest.approx(low)
 
 
-def test_noise_sigma_is_the_unit_spread():
-    aa = PairedStats(gain=1.0, lower_bound=0.99, unit="blocks", n=5, log_sd=math.log(1.004))
+def test_noise_sigma_is_the_standard_error_of_the_aa_gain():
+    aa = PairedStats(gain=1.0, lower_bound=0.99, unit="blocks", n=4, log_sd=2 * math.log(1.004))
     assert noise_sigma(aa) == pytest.approx(0.004)
 
 

@@ -172,3 +172,11 @@ def test_extra_profile_fields_are_kept(tmp_path: Path) -> None:
     assert prof.to_dict()["node_budget"] == 16
     with pytest.raises(ValueError, match="budget 16 was not replayed"):
         decompose(prof, QWEN, H100_SXM5, paper_table().__class__([8], [], 0, 8))
+
+
+def test_profiler_overhead_is_flagged(tmp_path: Path) -> None:
+    # Class times summing past the step's wall time can only come from the profiler's own cost.
+    prof = load_profile(write_profile(tmp_path, step_wall_s=0.025))
+    r = decompose(prof, QWEN, H100_SXM5, None)
+    assert r.f_outside < 1
+    assert any("exceeds the step wall time" in n for n in r.notes)

@@ -64,6 +64,7 @@ def test_table_and_best_tree(records) -> None:
     json.dumps(d)
     assert d["tau"]["oracle"] == pytest.approx(17 / 8)
     assert d["per_set"]["chain@8"] == {"humaneval": 2.0, "mtbench": 1.0}
+    assert d["set_sizes"] == {"humaneval": 1, "mtbench": 1}
 
 
 def test_the_last_step_is_cut_at_the_end_of_the_run(tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ import tomllib
 
 import pytest
 
-from specpilot.deployments.knobs import get_knob, set_knob
 from specpilot.deployments import SpecPilotError
+from specpilot.deployments.knobs import get_knob, set_knob
 
 TEXT = """# knobs
 [decode]

@@ -80,9 +80,7 @@ def test_missing_field_is_named(tmp_path):
 
 
 def test_wrong_type_and_bad_slot_are_named(tmp_path):
-    p = _write(
-        tmp_path, "smollm-cpu", _base_text().replace("max_new_tokens = 128", 'max_new_tokens = "lots"')
-    )
+    p = _write(tmp_path, "smollm-cpu", _base_text().replace("max_new_tokens = 64", 'max_new_tokens = "lots"'))
     with pytest.raises(SpecPilotError, match=r"field `workload.max_new_tokens`: .*integer"):
         load_deployment_file(p)
     p = _write(tmp_path, "smollm-cpu", _base_text().replace('"cpu:1"', '"gpu1"'))
@@ -113,8 +111,8 @@ def test_user_spec_shadows_shipped(tmp_path):
     _write(
         home.deployments, "smollm-cpu", _base_text().replace("max_new_tokens = 128", "max_new_tokens = 64")
     )
-    assert load_deployment("smollm-cpu", home).workload.max_new_tokens == 64
-    assert load_deployment("smollm-cpu").workload.max_new_tokens == 128
+    assert load_deployment("smollm-cpu", home).workload.max_new_tokens == 32
+    assert load_deployment("smollm-cpu").workload.max_new_tokens == 64
 
 
 def test_json_round_trip():

@@ -178,8 +178,9 @@ def test_request_files_are_deterministic_and_seeded(home, private_cache):
     assert request_file(dep, h) == path and path.read_bytes() == first  # same seed -> same bytes
 
     requests = load_requests(path)
-    assert [r.set for r in requests] == ["humaneval"] * 8 + ["mtbench"] * 4
-    assert all(isinstance(r, Request) and r.max_new_tokens == 128 for r in requests)
+    w = dep.workload
+    assert [r.set for r in requests] == ["humaneval"] * w.sets["humaneval"] + ["mtbench"] * w.sets["mtbench"]
+    assert all(isinstance(r, Request) and r.max_new_tokens == w.max_new_tokens for r in requests)
     assert all(
         set(json.loads(line)) == {"id", "set", "input_ids", "max_new_tokens"} for line in first.splitlines()
     )

@@ -1,0 +1,132 @@
+"""The offline `memory` agent: deterministic directions from the memory, no key, no network.
+
+The master proposes (a) applying a memory entry of this engine that the system lacks (its
+requirements come with it) and (b) retuning a knob of a variant registry to a tested value the
+system does not hold. It ranks them by the cost-model factor each attacks (largest first), then by
+the gain recorded for this deployment in the entry's evidence, then entries before retunes and
+small knob steps before large ones, and never repeats a direction already judged against the
+same system. The sub-agent applies the entry's deltas with `git apply`
+or edits the one knob line.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from specpilot.deployments.knobs import set_knob
+
+from .protocol import AgentError, ControllerTools, Direction, KnobChange, Patch, PlanningContext
+
+
+def _recorded_gain(
+    entry: dict[str, Any], deployment: str, knob: str | None = None, value: Any = None
+) -> float:
+    """The best gain this deployment recorded for the entry (or one knob value of it); 0 if none."""
+    gains = [
+        float(ev["gain"]) - 1.0
+        for ev in entry.get("evidence", [])
+        if ev.get("deployment") == deployment
+        and "gain" in ev
+        and (knob is None or (ev.get("knob") == knob and ev.get("value") == value))
+    ]
+    return max(gains, default=0.0)
+
+
+def _step(current: Any, value: Any) -> float:
+    """How far a retune moves a knob: small numeric steps first, switches of kind last."""
+    numeric = all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in (current, value))
+    return abs(math.log(value / current)) if numeric else math.inf
+
+
+def candidate_directions(ctx: PlanningContext) -> list[Direction]:
+    """Every direction the memory offers for this system, best first."""
+    factors = ctx.costmodel.get("factors", {})
+    have = set(ctx.system_entries)
+    out: list[tuple[tuple, Direction]] = []
+    for e in ctx.memory:
+        if not e.get("applicable", True):
+            continue
+        factor = e.get("target_factor", "none")
+        weight = float(factors.get(factor, 1.0))
+        if e["name"] not in have and e.get("has_code", True):
+            gain = _recorded_gain(e, ctx.deployment)
+            d = Direction(
+                title=f"apply memory entry {e['name']}",
+                hypothesis=e.get("summary") or f"entry {e['name']} attacks the {factor} factor",
+                target_factor=factor, expected_gain=max(gain, 0.0),
+                plan=f"apply {e['name']} with its requirements ({', '.join(e.get('requires', [])) or 'none'})",
+                entry=e["name"],
+            )  # fmt: skip
+            out.append(((-weight, -gain, 0, 0.0, d.key), d))
+        if e["name"] in have or not e.get("has_code", True):
+            for v in e.get("variants", []):
+                current = ctx.knobs.get(f"{v['file']}:{v['knob']}")
+                for value in v["values"]:
+                    if value == current:
+                        continue
+                    gain = _recorded_gain(e, ctx.deployment, v["knob"], value)
+                    d = Direction(
+                        title=f"retune {v['knob']} = {value!r} (now {current!r})",
+                        hypothesis=f"{v['knob']} is a tested knob of {e['name']}; {value!r} may suit this deployment",
+                        target_factor=factor, expected_gain=max(gain, 0.0),
+                        plan=f"set {v['knob']} = {value!r} in {v['file']}",
+                        knob=KnobChange(knob=v["knob"], file=v["file"], value=value),
+                    )  # fmt: skip
+                    out.append(((-weight, -gain, 1, _step(current, value), d.key), d))
+    return [d for _, d in sorted(out, key=lambda t: t[0])]
+
+
+class MemoryMaster:
+    """Plans one direction per free slot from the memory; deterministic."""
+
+    def plan(self, ctx: PlanningContext) -> list[Direction]:
+        judged = {p["key"] for p in ctx.past if p.get("baseline_tree") == ctx.system_tree}
+        chosen: list[Direction] = []
+        knobs_taken: set[str] = set()
+        for d in candidate_directions(ctx):
+            if d.key in judged:
+                continue
+            if d.knob is not None:  # one value per knob per round: spread the slots over knobs
+                if d.knob.knob in knobs_taken:
+                    continue
+                knobs_taken.add(d.knob.knob)
+            chosen.append(d)
+            if len(chosen) == len(ctx.slots):
+                break
+        return chosen
+
+
+def _git(cwd: Path, *args: str, input: str | None = None) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, input=input, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AgentError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+class MemorySubAgent:
+    """Applies an entry's deltas (requirements first) or one knob change in the worktree."""
+
+    def __init__(self, deltas: dict[str, list[tuple[str, str]]]):
+        # entry name -> [(entry, delta)] in application order, excluding what the system holds
+        self.deltas = deltas
+
+    def implement(self, direction: Direction, worktree: Path, slot: str, tools: ControllerTools) -> Patch:
+        if direction.entry:
+            for name, delta in self.deltas.get(direction.entry, []):
+                if delta:
+                    try:
+                        _git(worktree, "apply", "--whitespace=nowarn", "-", input=delta)
+                    except AgentError as e:
+                        raise AgentError(f"entry {name} does not apply to this system: {e}") from None
+            summary = f"applied {', '.join(n for n, _ in self.deltas.get(direction.entry, []))}"
+        elif direction.knob:
+            set_knob(worktree / direction.knob.file, direction.knob.knob, direction.knob.value)
+            summary = f"set {direction.knob.knob} = {direction.knob.value!r} in {direction.knob.file}"
+        else:
+            raise AgentError(f"direction {direction.title!r} names neither an entry nor a knob")
+        _git(worktree, "add", "-A")
+        diff = _git(worktree, "diff", "--cached")
+        return Patch(direction=direction, worktree=worktree, diff=diff, summary=summary)

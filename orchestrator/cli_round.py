@@ -1,0 +1,72 @@
+"""`specpilot round`: the main job, with live progress and the approval report."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from rich.live import Live
+from rich.text import Text
+
+from specpilot.deployments import SpecPilotError, load_deployment
+from specpilot.memory_store import connect, records
+
+from .agents import AGENTS, default_agent
+from .output import Ctx, console, emit
+from .reports import round_panel
+from .round import start_or_resume
+
+
+def round_(
+    ctx: typer.Context,
+    deployment: str = typer.Option(..., "--deployment", "-d", help="Deployment name."),
+    agent: str = typer.Option(
+        None, help=f"Agent backend: {' or '.join(AGENTS)} (default: claude with a key, else memory)."
+    ),
+    rounds: int = typer.Option(1, min=1, help="Rounds to run, each from the last sealed system."),
+    resume: int = typer.Option(None, help="Continue round N where it stopped (after a crash or kill)."),
+) -> None:
+    """Run optimization rounds: cost model → directions → patches → paired judgement → sealed system."""
+    c: Ctx = ctx.obj
+    dep = load_deployment(deployment, c.home)
+    agent = agent or default_agent()
+    if agent not in AGENTS:
+        raise SpecPilotError(f"unknown agent {agent!r}; use one of {', '.join(AGENTS)}")
+    reports = []
+    for k in range(rounds):
+        t0 = time.monotonic()
+        line = Text("")
+
+        def progress(step: str, msg: str, t0: float = t0, line: Text = line) -> None:
+            line.plain = f"[{time.monotonic() - t0:6.0f}s] {step}: {msg}"
+
+        if c.json:
+            rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, lambda *_: None)
+            state = rnd.run()
+        else:
+            with Live(line, console=console, refresh_per_second=4, transient=True):
+                rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, progress)
+                line.plain = f"round {rnd.number} of {dep.name} (agent {agent})"
+                state = rnd.run()
+        reports.append({"deployment": dep.name, "round": rnd.number, "status": "done",
+                        "elapsed_s": time.monotonic() - t0, **state})  # fmt: skip
+        if not c.json:
+            console.print(round_panel(dep.name, rnd.number, "done", state))
+            console.print(f"round {rnd.number} took {time.monotonic() - t0:.0f}s")
+    if c.json:
+        emit(c, reports if rounds > 1 else reports[0], lambda _con: None)
+
+
+def round_report(ctx: Ctx, deployment: str | None, number: int) -> None:
+    """Re-render a stored round's approval report."""
+    db = connect(ctx.home)
+    if deployment is None:
+        deps = records.round_deployments(db)
+        if len(deps) != 1:
+            raise SpecPilotError(f"rounds exist for {deps or 'no deployment'}; name one with --deployment")
+        deployment = deps[0]
+    rec = records.get_round(db, deployment, number)
+    if rec is None:
+        raise SpecPilotError(f"deployment {deployment!r} has no round {number}")
+    data = {"deployment": deployment, "round": number, "status": rec.status, **rec.state}
+    emit(ctx, data, lambda con: con.print(round_panel(deployment, number, rec.status, rec.state)))

@@ -1,0 +1,205 @@
+"""One optimization round, start to finish (ARCHITECTURE §1, paper §3.1).
+
+    Phase 0 (once per deployment) → cost-model report of the current system → the master plans one
+    direction per slot → sub-agents implement them in parallel, each in its own worktree → the
+    controller judges each patch against the current system → approved patches are combined (a
+    combination is judged again, never assumed) → the new system is sealed as stock + memory
+    entries and seal-checked → report.
+
+The round's state is saved to the database after every step; `resume` continues a crashed or
+killed round from the first unfinished step, so nothing finished is redone or lost.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from specpilot import controller
+from specpilot.agents.protocol import AgentError, Direction, PlanningContext
+from specpilot.deployments import Deployment, Home, SpecPilotError
+from specpilot.memory_store import Memory, connect, open_memory, records
+
+from . import sealing
+from .agents import make_agents
+from .workspace import Workspace
+
+Progress = Callable[[str, str], None]  # (step, message)
+
+
+class Round:
+    """A round of one deployment, its state persisted in the `rounds` table."""
+
+    def __init__(self, dep: Deployment, home: Home, number: int, state: dict[str, Any], progress: Progress):
+        self.dep, self.home, self.number, self.state = dep, home, number, state
+        self.db = connect(home)
+        self.progress = progress
+        self.ws, _ = Workspace.init(home, dep)
+        self.memory: Memory = open_memory(home)
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+
+    def save(self, status: str | None = None) -> None:
+        records.save_round(self.db, self.dep.name, self.number, self.state, status)
+
+    def done(self, step: str) -> bool:
+        return step in self.state.get("finished", [])
+
+    def finish(self, step: str) -> None:
+        self.state.setdefault("finished", []).append(step)
+        self.save()
+
+    # -- the steps --------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        steps = [("phase0", self.phase0), ("costmodel", self.costmodel), ("plan", self.plan),
+                 ("implement", self.implement), ("evaluate", self.evaluate), ("combine", self.combine),
+                 ("seal", self.seal)]  # fmt: skip
+        for name, step in steps:
+            if not self.done(name):
+                self.progress(name, "")
+                step()
+                self.finish(name)
+        self.save("done")
+        return self.state
+
+    def phase0(self) -> None:
+        if records.get_state(self.db, self.dep.name, "phase0") is None:
+            controller.run_phase0(self.dep, self.home, progress=lambda m: self.progress("phase0", m))
+        self.state["phase0"] = records.get_state(self.db, self.dep.name, "phase0")["delta"]
+
+    def costmodel(self) -> None:
+        base = self.state["baseline"]
+        key = f"costmodel:{base['tree']}"
+        report = records.get_state(self.db, self.dep.name, key)
+        if report is None:
+            self.progress("costmodel", f"profiling and recording {base['tree'][:12]}")
+            report = controller.cost_report(self.dep, self.home, base["commit"], max_requests=4)
+            records.set_state(self.db, self.dep.name, key, report)
+        self.state["costmodel"] = {k: report.get(k) for k in (
+            "tau", "c", "speedup", "factors", "ceiling", "largest", "rows_per_step", "budget", "tau_best",
+            "best_policy", "notes")}  # fmt: skip
+
+    def plan(self) -> None:
+        master, _ = make_agents(self.state["agent"], self)
+        slots = list(self.dep.devices.slots)
+        ctx = PlanningContext(
+            deployment=self.dep.name, engine=self.dep.engine, system_tree=self.state["baseline"]["tree"],
+            system_entries=self.state["baseline"]["entries"], costmodel=self.state["costmodel"],
+            memory=sealing.memory_summary(self.memory, self.dep), past=self.past(), slots=slots,
+            knobs=sealing.knob_values(self.ws, self.state["baseline"]["commit"], self.memory, self.dep),
+            budget={"rounds_left": self.state.get("rounds_left", 0)},
+        )  # fmt: skip
+        self.state["knobs"] = ctx.knobs
+        directions = master.plan(ctx)
+        if len(directions) > len(slots):
+            raise AgentError(f"the master planned {len(directions)} directions for {len(slots)} slots")
+        self.state["directions"] = [
+            {**d.model_dump(mode="json"), "key": d.key, "slot": slots[i]} for i, d in enumerate(directions)
+        ]
+
+    def past(self) -> list[dict[str, Any]]:
+        """Every direction judged in this deployment's earlier rounds, with its verdict."""
+        out = []
+        for r in records.list_rounds(self.db, self.dep.name):
+            if r.number == self.number:
+                continue
+            for i, d in enumerate(r.state.get("directions", [])):
+                ev = r.state.get("evaluations", {}).get(str(i), {})
+                out.append({"key": d["key"], "title": d["title"], "round": r.number,
+                            "baseline_tree": r.state.get("baseline", {}).get("tree"),
+                            "approved": ev.get("approved"), "gain": ev.get("gain"), "reasons": ev.get("reasons", [])})  # fmt: skip
+        return out
+
+    def implement(self) -> None:
+        _, sub = make_agents(self.state["agent"], self)
+        patches = self.state.setdefault("patches", {})
+        todo = [i for i in range(len(self.state["directions"])) if str(i) not in patches]
+        tools = controller_tools(self)
+
+        def one(i: int) -> dict[str, Any]:
+            d = self.state["directions"][i]
+            name = f"r{self.number}-d{i}"
+            self.ws.remove_worktree(name)  # a leftover of a killed run is redone from scratch
+            wt = self.ws.add_worktree(name, self.state["baseline"]["commit"])
+            direction = Direction.model_validate({k: v for k, v in d.items() if k not in ("key", "slot")})
+            try:
+                patch = sub.implement(direction, wt, d["slot"], tools)
+            except (AgentError, SpecPilotError) as e:
+                return {"error": str(e)}
+            tree = self.ws.commit_worktree(wt, f"round {self.number}: {direction.title}")
+            if tree == self.state["baseline"]["tree"]:
+                return {"error": "the patch is empty"}
+            return {"branch": f"cand/{name}", "tree": tree, "summary": patch.summary, "cost_usd": patch.cost_usd,
+                    "transcript": str(patch.transcript) if patch.transcript else None, "usage": patch.usage}  # fmt: skip
+
+        with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+            for i, result in zip(todo, pool.map(one, todo), strict=True):
+                self.progress("implement", f"direction {i}: {result.get('summary') or result.get('error')}")
+                patches[str(i)] = result
+                self.save()
+
+    def evaluate(self) -> None:
+        evals = self.state.setdefault("evaluations", {})
+        for i, d in enumerate(self.state["directions"]):
+            if str(i) in evals:
+                continue
+            patch = self.state["patches"][str(i)]
+            if "error" in patch:
+                evals[str(i)] = {"approved": False, "reasons": [f"no patch: {patch['error']}"], "gain": None}
+            else:
+                self.progress("evaluate", f"direction {i}: {d['title']}")
+                ev = controller.compare(self.dep, self.home, self.state["baseline"]["commit"], patch["branch"],
+                                        progress=lambda m, i=i: self.progress("evaluate", f"direction {i}: {m}"))  # fmt: skip
+                evals[str(i)] = sealing.evaluation_json(ev)
+            self.save()
+
+    def combine(self) -> None:
+        self.state["combination"] = sealing.combine(self)
+
+    def seal(self) -> None:
+        self.state["result"] = sealing.seal(self)
+
+
+def controller_tools(rnd: Round):
+    from specpilot.agents.tools import LocalControllerTools
+
+    return LocalControllerTools(rnd.dep, rnd.home, rnd.state["baseline"]["commit"])
+
+
+def git(repo, *args: str) -> str:
+    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SpecPilotError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None, progress: Progress) -> Round:
+    """A new round from the current sealed system, or round `resume` where it stopped."""
+    db = connect(home)
+    ws, _ = Workspace.init(home, dep)
+    sealing.ensure_builtin(open_memory(home), dep)
+    if resume is not None:
+        rec = records.get_round(db, dep.name, resume)
+        if rec is None:
+            raise SpecPilotError(
+                f"deployment {dep.name!r} has no round {resume}; `specpilot report` lists rounds"
+            )
+        sealing.fail_stale_runs(dep, home, db)
+        return Round(dep, home, rec.number, dict(rec.state), progress)
+    last = records.get_round(db, dep.name)
+    if last is not None and last.status != "done":
+        raise SpecPilotError(
+            f"round {last.number} of {dep.name!r} did not finish; continue it with "
+            f"`specpilot round --deployment {dep.name} --resume {last.number}`"
+        )
+    commit = git(ws.root / "repo", "rev-parse", "system")
+    base = {
+        "commit": commit,
+        "tree": ws.system_tree,
+        "entries": sealing.system_entries(db, dep, ws.system_tree),
+    }
+    rec = records.start_round(db, dep.name, {"agent": agent, "baseline": base, "finished": []})
+    return Round(dep, home, rec.number, dict(rec.state), progress)

@@ -1,0 +1,214 @@
+"""What a round does with the memory: summarize it for the master, combine approved patches, and
+seal the new system as stock + entries (storing the round's own code as a new entry)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specpilot import controller
+from specpilot.controller.slots import Slot, lease
+from specpilot.controller.systems import checkout
+from specpilot.deployments import Deployment, Home, SpecPilotError
+from specpilot.memory_store import (
+    EntryMeta,
+    Memory,
+    add_entry,
+    builtin_bundles,
+    import_bundle,
+    records,
+    replay,
+    seal_check,
+    seal_system,
+)
+from specpilot.memory_store.systems import list_systems
+
+if TYPE_CHECKING:
+    from .round import Round
+    from .workspace import Workspace
+
+
+def ensure_builtin(memory: Memory, dep: Deployment) -> None:
+    """The built-in bundle of the deployment's engine is in the memory (imported once)."""
+    path = builtin_bundles().get(dep.engine)
+    if path is not None:
+        import_bundle(memory, path)
+
+
+def system_entries(db, dep: Deployment, tree: str) -> list[str]:
+    """The entries a sealed system of this deployment was built from ([] for stock)."""
+    hits = [s for s in list_systems(db, dep.name) if s.tree == tree]
+    return list(hits[-1].entries) if hits else []
+
+
+def memory_summary(memory: Memory, dep: Deployment) -> list[dict[str, Any]]:
+    """The engine's entries as the master sees them."""
+    stock = memory.stock_for(dep)
+    stock_tree = replay(memory, dep, []).tree
+    out = []
+    for e in memory.entries(dep.engine):
+        out.append({
+            "name": e.name, "summary": e.summary, "target_factor": e.target_factor, "requires": e.requires,
+            "variants": [v.as_dict() for v in e.variants], "evidence": e.evidence, "contracts": e.contracts,
+            "has_code": bool(e.delta), "applicable": e.stock_tree == stock_tree, "stock": stock.label,
+        })  # fmt: skip
+    return out
+
+
+def knob_values(ws: Workspace, commit: str, memory: Memory, dep: Deployment) -> dict[str, Any]:
+    """The system's current value of every knob a variant registry names ("file:section.key")."""
+    values: dict[str, Any] = {}
+    for e in memory.entries(dep.engine):
+        for v in e.variants:
+            key = f"{v.file}:{v.knob}"
+            if key in values:
+                continue
+            proc = subprocess.run(["git", "-C", str(ws.root / "repo"), "show", f"{commit}:{v.file}"],
+                                  capture_output=True, text=True)  # fmt: skip
+            if proc.returncode == 0 and v.file.endswith(".toml"):
+                section, name = v.knob.split(".", 1)
+                values[key] = tomllib.loads(proc.stdout).get(section, {}).get(name)
+    return values
+
+
+def evaluation_json(ev: controller.Evaluation) -> dict[str, Any]:
+    audit = ev.evidence.get("audit") or {}
+    return {"verdict_id": ev.verdict_id, "run_id": ev.run_id, "approved": ev.approved,
+            "changes_output": ev.changes_output, "gain": ev.gain, "lower_bound": ev.lower_bound,
+            "sigma": ev.sigma, "threshold": ev.threshold, "unit": ev.unit, "reasons": ev.reasons,
+            "audit_passed": audit.get("passed"), "candidate_tree": ev.candidate_tree}  # fmt: skip
+
+
+def fail_stale_runs(dep: Deployment, home: Home, db) -> None:
+    """Runs left `running` by a killed round are marked failed (only when no one holds the slots)."""
+    slots = [Slot.parse(s) for s in dep.devices.slots[:2]]
+    with contextlib.suppress(SpecPilotError), lease(home, slots, timeout_s=0.0):
+        for run in records.list_runs(db, dep.name):
+            if run.status == "running":
+                records.fail_run(db, run.id, "interrupted: the process running it was killed")
+
+
+def _git(repo: Path, *args: str, input: bytes | None = None) -> bytes:
+    proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True)
+    if proc.returncode != 0:
+        raise SpecPilotError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.decode().strip()}")
+    return proc.stdout
+
+
+def combine(rnd: Round) -> dict[str, Any]:
+    """The approved patches on the current system: one as is, several applied together and judged
+    again; a patch that conflicts is dropped, and a combination that loses the gain gives way to
+    the best single patch."""
+    st, base = rnd.state, rnd.state["baseline"]
+    evals = st["evaluations"]
+    approved = sorted((i for i in evals if evals[i]["approved"]), key=lambda i: -evals[i]["gain"])
+    repo = rnd.ws.root / "repo"
+    if not approved:
+        return {"kind": "none", "commit": base["commit"], "tree": base["tree"], "applied": []}
+
+    def single(i: str, note: str = "") -> dict[str, Any]:
+        commit = _git(repo, "rev-parse", st["patches"][i]["branch"]).decode().strip()
+        return {
+            "kind": "single",
+            "commit": commit,
+            "tree": st["patches"][i]["tree"],
+            "applied": [i],
+            "note": note,
+        }
+
+    if len(approved) == 1:
+        return single(approved[0])
+    name = f"r{rnd.number}-combined"
+    rnd.ws.remove_worktree(name)
+    wt = rnd.ws.add_worktree(name, base["commit"])
+    applied, dropped = [], []
+    for i in approved:
+        diff = _git(repo, "diff", "--binary", base["commit"], st["patches"][i]["branch"])
+        proc = subprocess.run(
+            ["git", "apply", "--whitespace=nowarn", "-"], cwd=wt, input=diff, capture_output=True
+        )
+        (applied if proc.returncode == 0 else dropped).append(i)
+    if len(applied) == 1:
+        return single(applied[0], f"dropped (conflict): {dropped}")
+    tree = rnd.ws.commit_worktree(wt, f"round {rnd.number}: combination of {applied}")
+    rnd.progress("combine", f"judging the combination of directions {applied}")
+    ev = controller.compare(rnd.dep, rnd.home, base["commit"], f"cand/{name}")
+    st["combination_eval"] = evaluation_json(ev)
+    best = approved[0]
+    if ev.approved and ev.gain >= evals[best]["gain"]:
+        commit = _git(repo, "rev-parse", f"cand/{name}").decode().strip()
+        return {"kind": "combined", "commit": commit, "tree": tree, "applied": applied, "dropped": dropped}
+    return single(best, f"the combination of {applied} was not better (gain {ev.gain:.3f}, approved "
+                        f"{ev.approved}); kept the best single patch")  # fmt: skip
+
+
+def seal(rnd: Round) -> dict[str, Any]:
+    """Seal the new system as stock + entries, seal-check it, and make it the current system."""
+    st, dep, memory = rnd.state, rnd.dep, rnd.memory
+    comb, base = st["combination"], st["baseline"]
+    if comb["kind"] == "none":
+        return {"changed": False, "commit": base["commit"], "tree": base["tree"], "entries": base["entries"]}
+    dirs = [st["directions"][int(i)] for i in comb["applied"]]
+    entries = list(base["entries"])
+    for d in dirs:
+        if d.get("entry"):
+            entries += [e.name for e in memory.resolve([d["entry"]]) if e.name not in entries]
+    new_entries: list[str] = []
+    try:
+        reproduced = replay(memory, dep, entries).tree == comb["tree"]
+    except SpecPilotError:
+        reproduced = False
+    if not reproduced:  # the round's own code (a retune, a merge) becomes an entry of its own
+        name = f"{dep.name}-round{rnd.number}"
+        if name not in memory.by_name():
+            _store_round_entry(rnd, name, entries, dirs, comb)
+        entries.append(name)
+        new_entries.append(name)
+    system = seal_system(memory, dep, entries, comb["tree"])
+    results = seal_check(memory, systems=[system])
+    failed = [r.detail for r in results if not r.ok]
+    if failed:
+        raise SpecPilotError(f"the new system does not pass seal-check: {'; '.join(failed)}")
+    for d, i in zip(dirs, comb["applied"], strict=True):
+        if d.get("entry"):
+            ev = st["evaluations"][i]
+            memory.add_evidence(d["entry"], {"deployment": dep.name, "round": rnd.number, "gain": ev["gain"],
+                                             "lower_bound": ev["lower_bound"], "verdict": ev["verdict_id"]})  # fmt: skip
+    rnd.ws.set_system(comb["commit"])
+    return {"changed": True, "commit": comb["commit"], "tree": comb["tree"], "entries": entries,
+            "new_entries": new_entries, "seal_check": [r.as_dict() for r in results]}  # fmt: skip
+
+
+def _store_round_entry(rnd: Round, name: str, requires: list[str], dirs: list[dict], comb: dict) -> None:
+    evals = rnd.state["evaluations"]
+    variants, evidence, factors = [], [], set()
+    for d, i in zip(dirs, comb["applied"], strict=True):
+        ev = evals[i]
+        factors.add(d["target_factor"])
+        item = {"deployment": rnd.dep.name, "round": rnd.number, "gain": ev["gain"],
+                "lower_bound": ev["lower_bound"], "verdict": ev["verdict_id"], "direction": d["title"]}  # fmt: skip
+        if d.get("knob"):
+            k = d["knob"]
+            old = rnd.state.get("knobs", {}).get(f"{k['file']}:{k['knob']}")
+            values = [v for v in (old, k["value"]) if v is not None]
+            variants.append({"knob": k["knob"], "file": k["file"], "values": values, "default": k["value"]})
+            item |= {"knob": k["knob"], "value": k["value"]}
+        evidence.append(item)
+    changes = any(evals[i]["changes_output"] for i in comb["applied"])
+    meta = EntryMeta.model_validate({
+        "summary": f"round {rnd.number} of {rnd.dep.name}: " + "; ".join(d["title"] for d in dirs),
+        "target_factor": factors.pop() if len(factors) == 1 else "none", "variants": variants,
+        "contracts": ["output changes: approved at the higher bar"] if changes else ["lossless: same tokens as the baseline"],
+        "evidence": evidence, "limits": [f"measured on {rnd.dep.name} only"],
+    })  # fmt: skip
+    tmp = Path(tempfile.mkdtemp(prefix="specpilot-round-"))
+    try:
+        tree = checkout(rnd.ws.root / "repo", comb["commit"], tmp)
+        add_entry(rnd.memory, name, tree.path, rnd.memory.stock_for(rnd.dep), requires=requires, meta=meta)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

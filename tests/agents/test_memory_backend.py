@@ -1,0 +1,81 @@
+"""The offline memory agent on a real workspace and the real built-in refspec bundle."""
+
+from __future__ import annotations
+
+import pytest
+
+from specpilot.agents.memory_backend import MemoryMaster, MemorySubAgent
+from specpilot.agents.protocol import Direction, KnobChange, PlanningContext
+from specpilot.deployments import Home, load_deployment
+from specpilot.memory_store import open_memory
+from specpilot.orchestrator import sealing
+from specpilot.orchestrator.workspace import Workspace
+
+
+@pytest.fixture
+def world(tmp_path):
+    home = Home(tmp_path / "home")
+    dep = load_deployment("smollm-cpu")
+    ws, _ = Workspace.init(home, dep)
+    memory = open_memory(home)
+    sealing.ensure_builtin(memory, dep)
+    return home, dep, ws, memory
+
+
+def _ctx(dep, ws, memory, past=(), factors=None):
+    return PlanningContext(
+        deployment=dep.name, engine=dep.engine, system_tree=ws.system_tree, system_entries=[],
+        costmodel={"factors": factors or {"tree": 1.1, "kernel": 2.0, "outside": 1.0}},
+        memory=sealing.memory_summary(memory, dep), past=list(past), slots=["cpu:0", "cpu:1"],
+        knobs=sealing.knob_values(ws, "system", memory, dep),
+    )  # fmt: skip
+
+
+def test_plans_one_direction_per_slot_deterministically(world):
+    _, dep, ws, memory = world
+    ctx = _ctx(dep, ws, memory)
+    assert ctx.knobs["refspec.toml:decode.block_size"] == 8
+    first, again = MemoryMaster().plan(ctx), MemoryMaster().plan(ctx)
+    assert [d.key for d in first] == [d.key for d in again]
+    assert len(first) == 2
+    knobs = [d.knob.knob for d in first]
+    assert len(set(knobs)) == 2  # the slots are spread over different knobs
+    block = next(d for d in first if d.knob.knob == "decode.block_size")
+    assert block.knob.value == 6  # the smallest step from 8 among 4, 6, 12, 16
+
+
+def test_never_repeats_a_direction_judged_on_the_same_system(world):
+    _, dep, ws, memory = world
+    first = MemoryMaster().plan(_ctx(dep, ws, memory))
+    past = [{"key": d.key, "baseline_tree": ws.system_tree} for d in first]
+    second = MemoryMaster().plan(_ctx(dep, ws, memory, past))
+    assert not {d.key for d in first} & {d.key for d in second}
+    # Judged on another system: allowed again.
+    other = [{"key": d.key, "baseline_tree": "0" * 40} for d in first]
+    assert [d.key for d in MemoryMaster().plan(_ctx(dep, ws, memory, other))] == [d.key for d in first]
+
+
+def test_recorded_gains_rank_first(world):
+    _, dep, ws, memory = world
+    ctx = _ctx(dep, ws, memory)
+    knobs = next(e for e in ctx.memory if e["name"] == "refspec-knobs")
+    knobs["evidence"] = [{"deployment": dep.name, "knob": "drafter.max_ngram", "value": 2, "gain": 1.04}]
+    plan = MemoryMaster().plan(ctx)
+    assert plan[0].knob.knob == "drafter.max_ngram" and plan[0].knob.value == 2
+
+
+def test_sub_agent_edits_one_line_and_applies_entry_deltas(world):
+    home, dep, ws, memory = world
+    wt = ws.add_worktree("knob")
+    d = Direction(title="retune", hypothesis="hyp", target_factor="tree", expected_gain=0.0, plan="plan",
+                  knob=KnobChange(knob="decode.block_size", file="refspec.toml", value=6))  # fmt: skip
+    patch = MemorySubAgent({}).implement(d, wt, "cpu:0", tools=None)
+    assert patch.diff.count("\n-block_size") == 1 and "+block_size = 6" in patch.diff
+    # An entry's delta (requirements first) applies with real git.
+    wt2 = ws.add_worktree("entry")
+    delta = patch.diff
+    e = Direction(
+        title="apply x", hypothesis="hyp", target_factor="tree", expected_gain=0.0, plan="plan", entry="x"
+    )
+    applied = MemorySubAgent({"x": [("x", delta)]}).implement(e, wt2, "cpu:0", tools=None)
+    assert applied.diff == patch.diff
