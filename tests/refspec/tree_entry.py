@@ -1,0 +1,54 @@
+"""The tree-verification entry of the built-in refspec bundle, built from stock for the tests.
+
+The entry's tree is checked out from stock + its delta (the way `memory replay` builds it), and
+its `refspec` package is imported under another name, so it runs in the same process as the
+stock package the other refspec tests import (its modules use relative imports only).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from specpilot.deployments.stock import stock_tree_path
+from specpilot.memory_store import Entry, StockTree, builtin_bundles, read_bundle
+from specpilot.memory_store.stacking import Stacker
+from specpilot.memory_store.verify import requirements_of
+
+ENTRY = "refspec-tree-verify"
+
+
+def bundle_entries() -> dict[str, Entry]:
+    return {e.name: e for e in read_bundle(builtin_bundles()["refspec"])}
+
+
+def checkout_entry(out: Path, name: str = ENTRY) -> Path:
+    """Stock refspec + the entry's requirements + its delta, written to the new folder `out`."""
+    known = bundle_entries()
+    entry = known[name]
+    with Stacker() as st:
+        stock = st.stock_hash(StockTree("refspec", stock_tree_path("refspec"), "refspec (built-in)"))
+        tree = st.build(stock, [*requirements_of(entry, known), entry])
+        assert tree == entry.tree, "the bundle's delta no longer reproduces the entry's tree"
+        st.checkout(tree, out)
+    return out
+
+
+def import_tree(root: Path, alias: str) -> ModuleType:
+    """The `refspec` package of the tree at `root`, imported as `alias` (with its submodules)."""
+    if alias in sys.modules:
+        return sys.modules[alias]
+    pkg = root / "refspec"
+    spec = importlib.util.spec_from_file_location(
+        alias, pkg / "__init__.py", submodule_search_locations=[str(pkg)]
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[alias] = mod
+    spec.loader.exec_module(mod)
+    for sub in ("errors", "config", "tree", "drafter", "model", "generate", "record"):
+        setattr(mod, sub, importlib.import_module(f"{alias}.{sub}"))
+    return mod
