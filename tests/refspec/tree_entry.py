@@ -1,4 +1,4 @@
-"""The tree-verification entry of the built-in refspec bundle, built from stock for the tests.
+"""Entries of the built-in refspec bundle (tree verification, draft confidence), built from stock.
 
 The entry's tree is checked out from stock + its delta (the way `memory replay` builds it), and
 its `refspec` package is imported under another name, so it runs in the same process as the
@@ -50,5 +50,6 @@ def import_tree(root: Path, alias: str) -> ModuleType:
     sys.modules[alias] = mod
     spec.loader.exec_module(mod)
     for sub in ("errors", "config", "tree", "drafter", "model", "generate", "record"):
-        setattr(mod, sub, importlib.import_module(f"{alias}.{sub}"))
+        if (pkg / f"{sub}.py").exists():  # `tree` exists only in the tree-verification entry
+            setattr(mod, sub, importlib.import_module(f"{alias}.{sub}"))
     return mod
