@@ -58,15 +58,27 @@ def _global(
     ctx.obj = Ctx(home=Home.resolve(home), json=json_out)
 
 
+def _usage_errors() -> tuple[type, ...]:
+    """Usage errors of click and of the click copy that newer typer versions vendor."""
+    try:
+        from typer._click.exceptions import ClickException as Vendored
+    except ImportError:
+        return (click.ClickException,)
+    return (click.ClickException, Vendored)
+
+
+USAGE_ERRORS = _usage_errors()
+
+
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit code 2, never a traceback."""
     try:
         code = app(standalone_mode=False)
-    except click.ClickException as e:
+    except USAGE_ERRORS as e:
         e.show()
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(1)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        sys.exit(130)
     except Exception as e:
         if not getattr(e, "is_user_error", False):
             raise

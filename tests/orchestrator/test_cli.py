@@ -54,3 +54,9 @@ def test_home_option_beats_environment(tmp_path, home):
     run_cli("--home", str(other), "workspace", "init", "-d", "smollm-cpu", home=home, check=True)
     assert (other / "workspaces" / "smollm-cpu" / "repo" / ".git").is_dir()
     assert not home.exists()
+
+
+def test_unknown_option_is_a_usage_error_not_a_traceback(home):
+    proc = run_cli("report", "--nope", home=home)
+    assert proc.returncode == 2
+    assert "No such option: --nope" in proc.stderr and "Traceback" not in proc.stderr
