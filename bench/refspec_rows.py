@@ -1,6 +1,7 @@
 """Cost of one refspec verification pass by row count: the c(N) curve of the stock engine.
 
     python bench/refspec_rows.py --device cpu:0 [--context 300] [--layouts dual,plain]
+        [--rows 1,2,3,5,9,17] [--model NAME_OR_FOLDER] [--json OUT]
 
 Per weight layout and row count N, the wall time of one forward of N chain rows (causal mask) over
 a cache holding `context` tokens, and how much of it the linear layers (QKV, O, gate/up, down and
@@ -11,10 +12,13 @@ pins this process to one core with one torch thread.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 import time
+from pathlib import Path
 
-ROWS = (1, 2, 3, 5, 9, 17)
+STOCK = Path(__file__).resolve().parents[1] / "deployments" / "stock" / "refspec"
 
 
 def main() -> None:
@@ -23,21 +27,23 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--layouts", default="dual")
     parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--rows", default="1,2,3,5,9,17", help="comma-separated row counts")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or HF folder")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    rows_list = [int(r) for r in args.rows.split(",")]
 
-    from specpilot.deployments.stock import import_refspec
-
-    import_refspec()
+    sys.path.insert(0, str(STOCK))  # the stock engine tree, as a system runs it (no install needed)
     from refspec.config import load_config
     from refspec.runtime import open_engine
 
     config = load_config()
-    engine = open_engine(args.device, "smollm2-135m-instruct", None, config)  # pins a CPU slot
+    engine = open_engine(args.device, args.model, None, config)  # pins a CPU slot
     import torch
     from refspec.model import load_model
     from refspec.weights import resolve_model
 
-    folder = resolve_model("smollm2-135m-instruct")
+    folder = resolve_model(args.model)
     models = {
         layout: load_model(folder, engine.device, engine.model.dtype, layout)
         for layout in args.layouts.split(",")
@@ -68,11 +74,11 @@ def main() -> None:
 
     best: dict[tuple, float] = {}
     for model in models.values():
-        model.setup_cache(1, ctx + max(ROWS) + 1)
+        model.setup_cache(1, ctx + max(rows_list) + 1)
         forward(model, 2)
     for _ in range(args.repeats):
         for layout, model in models.items():
-            for rows in ROWS:
+            for rows in rows_list:
                 for name, fn in (("forward", forward), ("linear", linears)):
                     sync()
                     t = time.perf_counter()
@@ -85,11 +91,19 @@ def main() -> None:
         f"slot {args.device}, context {ctx}, load average {os.getloadavg()[0]:.2f}; ms, min of {args.repeats}"
     )
     print(f"{'layout':<8}{'rows':>5}{'forward':>9}{'linear':>8}{'c(N)':>7}")
+    table = []
     for layout in models:
         base = best[(layout, 1, "forward")]
-        for rows in ROWS:
+        for rows in rows_list:
             f, lin = best[(layout, rows, "forward")], best[(layout, rows, "linear")]
             print(f"{layout:<8}{rows:>5}{f * 1e3:>9.1f}{lin * 1e3:>8.1f}{f / base:>7.2f}")
+            table.append(
+                {"layout": layout, "rows": rows, "forward_ms": f * 1e3, "linear_ms": lin * 1e3, "c": f / base}
+            )
+    if args.json:
+        args.json.write_text(
+            json.dumps({"device": args.device, "context": ctx, "model": args.model, "rows": table}, indent=1)
+        )
 
 
 if __name__ == "__main__":
