@@ -44,6 +44,19 @@ def _literal(t: ast.expr) -> tuple[str, ...] | None:
     return None
 
 
+def _added_flag(node: ast.AST) -> str | None:
+    """The flag of a `parser.add_argument("--flag", ...)` call, else None."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "add_argument"
+    ):
+        first = node.args[0] if node.args else None
+        if isinstance(first, ast.Constant) and str(first.value).startswith("--"):
+            return str(first.value)
+    return None
+
+
 def server_flags(stock: Path) -> dict[str, Flag]:
     """`--flag` -> Flag for every command-line argument of the tree's `sglang.launch_server`."""
     srt = stock / "python" / "sglang" / "srt"
@@ -80,21 +93,13 @@ def server_flags(stock: Path) -> dict[str, Flag]:
             for n in names:
                 flags[n] = Flag(switch, choices)
     for node in ast.walk(ast.parse((srt / "server_args.py").read_text())):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "add_argument"
-        ):
-            if (
-                node.args
-                and isinstance(node.args[0], ast.Constant)
-                and str(node.args[0].value).startswith("--")
-            ):
-                action = next((k.value for k in node.keywords if k.arg == "action"), None)
-                switch = action is not None and (
-                    not isinstance(action, ast.Constant) or action.value == "store_true"
-                )
-                flags[node.args[0].value] = Flag(switch, None)
+        name = _added_flag(node)
+        if name is not None:
+            action = next((k.value for k in node.keywords if k.arg == "action"), None)
+            switch = action is not None and (
+                not isinstance(action, ast.Constant) or action.value == "store_true"
+            )
+            flags[name] = Flag(switch, None)
     return flags
 
 
