@@ -252,4 +252,5 @@ class SglangAdapter:
     def start(self, tree: Path, slot: Slot, log: Path) -> SglangSystem:
         flags = system_flags(self.dep, tree)  # a broken launch file is the system's failure
         port = free_port()
-        return SglangSystem(ServerProcess(command(flags, slot, port), tree, slot, log), port, slot)
+        proc = ServerProcess(command(flags, slot, port), tree, slot, log, pycache=self.home.cache / "pycache")
+        return SglangSystem(proc, port, slot)

@@ -193,7 +193,7 @@ def http_get(port: int, path: str, timeout_s: float) -> tuple[int, bytes]:
 class ServerProcess:
     """A server in its own process group, its output in a log file; stopping takes the whole group."""
 
-    def __init__(self, cmd: list[str], tree: Path, slot: Slot, log: Path):
+    def __init__(self, cmd: list[str], tree: Path, slot: Slot, log: Path, pycache: Path | None = None):
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log_path, self.cmd, self.slot = log, cmd, slot
         self._log = open(log, "w")  # noqa: SIM115 — closed in stop()
@@ -201,6 +201,9 @@ class ServerProcess:
         self._log.flush()
         env = {k: v for k, v in os.environ.items() if k in PASS_ENV | SGLANG_PASS_ENV}
         env.update(slot.env(), PYTHONPATH=str(tree / "python"), PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+        if pycache is not None:
+            # Bytecode goes to the cache, keyed by source path: the system's tree stays as exported.
+            env["PYTHONPYCACHEPREFIX"] = str(pycache)
         core = slot.index if slot.kind == "cpu" else None
         if core is not None:
             env["OMP_NUM_THREADS"] = "1"

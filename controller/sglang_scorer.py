@@ -74,7 +74,8 @@ class SglangScorer:
                 / "scorer"
                 / f"{self.dep.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
             )
-            proc = ServerProcess(command(self.flags, self.slot, port), tree, self.slot, log)
+            proc = ServerProcess(command(self.flags, self.slot, port), tree, self.slot, log,
+                                 pycache=self.home.cache / "pycache")  # fmt: skip
             stack.callback(proc.stop)
             proc.wait_healthy(port, READY_TIMEOUT_S)
         except SystemFailed as e:

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specpilot.deployments import SpecPilotError
+from specpilot.deployments.stock import IGNORED_PARTS
 
+CACHES = (*sorted(IGNORED_PARTS), "*.pyc")  # what the tree hash skips (memory_store.gittree)
 # Paths every engine protects, besides the deployment's own list.
 # SGLang's are its HTTP entry points and the tokenizer manager, where chunks and meta_info are made.
 ENGINE_PROTECTED = {
@@ -120,7 +122,8 @@ def apply_candidate(
     diff = _git(repo, "diff", "--binary", "--no-renames", baseline.tree, cand_tree)
     tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".apply-"))
     try:
-        shutil.copytree(baseline.path, tmp, dirs_exist_ok=True)
+        # A baseline export that ran holds caches (__pycache__): they are not part of its tree.
+        shutil.copytree(baseline.path, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*CACHES))
         proc = subprocess.run(
             ["git", "apply", "--whitespace=nowarn", "-"], cwd=tmp, input=diff, capture_output=True
         )
