@@ -82,8 +82,12 @@ class _Stream:
 
 
 def _new_tokens(seen: list[int], ids: list[int], total: int) -> list[int] | None:
-    """The chunk's new tokens, whether it carries every token so far or only the new ones."""
-    if len(ids) == total and ids[: len(seen)] == seen:
+    """The chunk's new tokens, whether it carries every token so far or only the new ones.
+
+    A cumulative chunk may hold more tokens than its meta_info counts (SGLang hands the streamer
+    its live list while the next step lands), never fewer; a delta chunk holds exactly the rest.
+    """
+    if len(ids) >= total and ids[: len(seen)] == seen:
         return ids[len(seen) :]
     if len(seen) + len(ids) == total:
         return ids

@@ -167,3 +167,14 @@ def test_bad_engine_flags_are_refused_before_anything_runs(tmp_path):
     path.write_text(path.read_text() + "\n[engine_flags]\nport = 1234\n")
     with pytest.raises(SpecPilotError, match="--port is set by the controller"):
         SglangAdapter(load_deployment("bad-flags", home), home)
+
+
+def test_chunks_carry_all_tokens_so_far_or_only_the_new_ones():
+    from specpilot.controller.sglang import _new_tokens
+
+    assert _new_tokens([], [5, 6], 2) == [5, 6]  # first chunk: both readings agree
+    assert _new_tokens([5, 6], [5, 6, 7, 8], 4) == [7, 8]  # cumulative (SGLang's default)
+    assert _new_tokens([5, 6], [7, 8], 4) == [7, 8]  # --incremental-streaming-output
+    assert _new_tokens([5, 6], [5, 6, 7, 8, 9], 4) == [7, 8, 9]  # the live list ran ahead of meta_info
+    assert _new_tokens([5, 6], [5, 9, 7, 8], 4) is None  # rewrites a token already received
+    assert _new_tokens([5, 6], [7], 4) is None  # loses a token
