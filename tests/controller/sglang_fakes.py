@@ -48,7 +48,7 @@ def fake_logprob(ctx: list[int], token: int) -> float:
 
 
 def spec_text(name: str, *, model: str = "fake/target", sets: str = "{ mine = 4 }", max_new_tokens: int = 32,
-              blocks: int = 2, slots: str = '["cpu:0", "cpu:1"]') -> str:  # fmt: skip
+              blocks: int = 2, slots: str = '["cpu:0", "cpu:1"]', block_size: int = 4) -> str:  # fmt: skip
     """A deployment of the sglang engine on CPU slots, its stock the fake's pin."""
     return f"""\
 name = "{name}"
@@ -74,7 +74,7 @@ vocab = {V}
 [drafter]
 kind = "dflash2"
 model = "fake/drafter"
-block_size = 4
+block_size = {block_size}
 
 [devices]
 kind = "cpu"

@@ -137,3 +137,37 @@ def test_crashing_candidate_is_a_failed_run_verdict(judged):
         "a system failed during the paired run: system exited with code 3 while serving request mine-"
     )
     assert "fake-sglang: flags" in ev.evidence["log_tail"]
+
+
+def test_the_gpu_smoke_script_runs_its_steps(tmp_path):
+    """bench/sglang_smoke.sh end to end through the CLI, on CPU slots against the fake server."""
+    import subprocess
+    import sys
+
+    shared_cache = Path(os.environ["SPECPILOT_CACHE"])
+    import_refspec()
+    tokenizer_folder = importlib.import_module("refspec.weights").resolve_model(
+        "smollm2-135m-instruct", shared_cache
+    )
+    home, cache = Home(tmp_path / "home"), tmp_path / "cache"
+    (home.root / "datasets").mkdir(parents=True)
+    (home.root / "datasets" / "mine.jsonl").write_text(
+        "".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
+    )
+    # Block 2 keeps the fake's speedup under the controller's 3x "implausibly large" guard.
+    write_spec(home, "smoke", model=str(tokenizer_folder), sets="{ mine = 3 }", max_new_tokens=24, blocks=1,
+               block_size=2)  # fmt: skip
+    # The fake stock, materialized where the CLI's memory store looks for the spec's pinned wheel.
+    make_fake_tree(cache / "stock" / "sglang" / "sglang-0.0.0-fake", step_ms=20, load_s=0.1)
+    env = dict(os.environ, SPECPILOT_HOME=str(home.root), SPECPILOT_CACHE=str(cache),
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # fmt: skip
+    script = Path(__file__).resolve().parents[2] / "bench" / "sglang_smoke.sh"
+    proc = subprocess.run(
+        ["bash", str(script), "smoke", "1"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = subprocess.run([str(Path(sys.executable).parent / "specpilot"), "--json", "report"], env=env,
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    (verdict,) = json.loads(report.stdout)
+    assert verdict["approved"] and 1.2 < verdict["gain"] < 3, verdict["reasons"]  # stock beats its own AR
+    assert verdict["evidence"]["audit"]["passed"]
