@@ -249,8 +249,13 @@ class RefspecAdapter:
 
 
 def adapter_for(dep: Deployment, home: Home) -> EngineAdapter:
+    """The adapter that starts the deployment's systems: refspec's JSON lines, or SGLang servers."""
     if dep.engine == "refspec":
         return RefspecAdapter(dep, home)
+    if dep.engine == "sglang":
+        from .sglang import SglangAdapter
+
+        return SglangAdapter(dep, home)
     from specpilot.deployments import SpecPilotError
 
     raise SpecPilotError(f"deployment {dep.name!r}: engine {dep.engine!r} has no adapter in this version")

@@ -245,9 +245,9 @@ def audit_outputs(
             f"no Phase 0 for {dep.name!r}; run `specpilot phase0 --deployment {dep.name}` first"
         )
     stock = {s.id: s for s in load_stock_scored(Path(phase0["stock_scored"]))}
-    scorer = scorer_for(dep, home)
     by_id = {r.id: r for r in reqs}
-    cand = [scorer.score(rid, by_id[rid].input_ids, toks) for rid, toks in outputs.items()]
+    with scorer_for(dep, home) as scorer:
+        cand = [scorer.score(rid, by_id[rid].input_ids, toks) for rid, toks in outputs.items()]
     return audit(cand, [stock[o.id] for o in cand if o.id in stock], float(phase0["delta"]))
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.deployments.knobs import set_knob
+from specpilot.deployments.stock.wheel import LAUNCH_FILE
 from specpilot.memory_store import connect, records
 
 from .engine import SystemFailed, adapter_for
@@ -29,19 +30,23 @@ from .scorer import scorer_for
 from .slots import lease
 from .systems import SystemTree, checkout
 
+# Per engine, the knobs file holding `decode.mode`: "ar" turns speculation off.
+AR_KNOB_FILE = {"refspec": "refspec.toml", "sglang": LAUNCH_FILE}
+
 
 def ar_variant(dep: Deployment, stock: SystemTree, cache: Path) -> SystemTree:
     """The stock tree with speculation turned off: the engine's own AR."""
-    if dep.engine != "refspec":
+    knobs = AR_KNOB_FILE.get(dep.engine)
+    if knobs is None or not (stock.path / knobs).is_file():
         raise SpecPilotError(
-            f"deployment {dep.name!r}: no AR variant for engine {dep.engine!r} in this version"
+            f"deployment {dep.name!r}: no AR variant for engine {dep.engine!r}: its stock tree has no {knobs}"
         )
     path = cache / f"{stock.tree}-ar"
     if not path.is_dir():
         tmp = cache / f".{stock.tree}-ar.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(stock.path, tmp)
-        set_knob(tmp / "refspec.toml", "decode.mode", "ar")
+        set_knob(tmp / knobs, "decode.mode", "ar")
         tmp.rename(path)
     return SystemTree(f"{stock.tree}-ar", path)
 
@@ -79,17 +84,17 @@ def run_phase0(
         raise SpecPilotError(f"Phase 0 failed: {e} (logs in {raw})") from None
     outs = {lb: {r.id: res[r.id].tokens for r in reqs} for lb, res in period.results.items()}
     progress("scoring stock and AR by token forcing")
-    scorer = scorer_for(dep, home)
     divergences = []
-    for r in reqs:
-        s, a = outs["stock"][r.id], outs["ar"][r.id]
-        i = first_divergence(s, a)
-        if i is not None:
-            gap = scorer.logprob_gap(r.input_ids, s[:i], s[i], a[i])
-            divergences.append({"id": r.id, "position": i, "stock": s[i], "ar": a[i], "margin": gap})
+    with scorer_for(dep, home) as scorer:
+        for r in reqs:
+            s, a = outs["stock"][r.id], outs["ar"][r.id]
+            i = first_divergence(s, a)
+            if i is not None:
+                gap = scorer.logprob_gap(r.input_ids, s[:i], s[i], a[i])
+                divergences.append({"id": r.id, "position": i, "stock": s[i], "ar": a[i], "margin": gap})
+        stock_scored = [scorer.score(r.id, r.input_ids, outs["stock"][r.id]) for r in reqs]
+        ar_scored = [scorer.score(r.id, r.input_ids, outs["ar"][r.id]) for r in reqs]
     delta = calibrate_delta([d["margin"] for d in divergences])
-    stock_scored = [scorer.score(r.id, r.input_ids, outs["stock"][r.id]) for r in reqs]
-    ar_scored = [scorer.score(r.id, r.input_ids, outs["ar"][r.id]) for r in reqs]
     scored_path = home.runs / f"{run_id}-stock-scored.json"
     scored_path.write_text(json.dumps([asdict(s) for s in stock_scored]))
     own = audit(stock_scored, stock_scored, delta)

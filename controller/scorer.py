@@ -1,5 +1,8 @@
 """The token-forcing scorer: the stock target from the pristine stock tree, in FP32.
 
+For SGLang deployments the scorer is a stock SGLang server (`sglang_scorer.py`); `scorer_for`
+picks by engine.
+
 It is loaded from the stock tree shipped with SpecPilot (never from a candidate's tree), weights
 and LM head in float32, and run teacher-forced over prompt + a system's output: row t predicts
 token t+1, so one forward pass scores every output position of a request.
@@ -10,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -40,6 +44,15 @@ class RefspecScorer:
                 f"deployment {dep.name!r}: the refspec scorer cannot score engine {dep.engine!r}"
             )
         self.model = _stock_model(dep.target.model, str(home.cache), device)
+
+    def __enter__(self) -> RefspecScorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to free: the model stays cached in this process for the next scorer."""
 
     @torch.inference_mode()
     def logprobs(self, prompt: Sequence[int], output: Sequence[int]) -> torch.Tensor:
@@ -78,9 +91,24 @@ class RefspecScorer:
         return abs(float(last[a] - last[b]))
 
 
-def scorer_for(dep: Deployment, home: Home) -> RefspecScorer:
+class Scorer(Protocol):
+    """What Phase 0 and the audit use; a scorer is a context manager (close() frees its device)."""
+
+    def score(self, rid: str, prompt: Sequence[int], output: Sequence[int]) -> ScoredOutput: ...
+    def logprob_gap(self, prompt: Sequence[int], prefix: Sequence[int], a: int, b: int) -> float: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Scorer: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def scorer_for(dep: Deployment, home: Home) -> Scorer:
+    """The deployment's token-forcing scorer: refspec's model in-process, or a stock SGLang server."""
     if dep.engine == "refspec":
         return RefspecScorer(dep, home)
+    if dep.engine == "sglang":
+        from .sglang_scorer import SglangScorer
+
+        return SglangScorer(dep, home)
     raise SpecPilotError(
         f"deployment {dep.name!r}: no token-forcing scorer for engine {dep.engine!r} in this version"
     )

@@ -22,7 +22,11 @@ from specpilot.deployments import SpecPilotError
 from specpilot.memory_store.gittree import CACHE_EXCLUDES, GitError, git_bytes, write_tree
 
 # Paths every engine protects, besides the deployment's own list.
-ENGINE_PROTECTED = {"refspec": ["refspec/serve.py"], "sglang": []}
+# SGLang's are its HTTP entry points and the tokenizer manager, where chunks and meta_info are made.
+ENGINE_PROTECTED = {
+    "refspec": ["refspec/serve.py"],
+    "sglang": ["python/sglang/srt/entrypoints", "python/sglang/srt/managers/tokenizer_manager.py"],
+}
 
 
 class CandidateRefused(Exception):

@@ -4,7 +4,8 @@ A system is named by the git tree hash of its source tree, and that hash must de
 names and bytes only. Blobs are written with `hash-object --no-filters` (no attribute or CRLF
 conversion) and every file is entered at mode 100644, so timestamps, umasks and exec bits never
 leak in. The workspaces (orchestrator) and the memory store (patch stacking, seal-check) both
-hash through `write_tree`.
+hash through `write_tree`. Missing blobs go into the repository as one pack (`git fast-import`):
+SGLang's stock tree has thousands of files, and as many loose objects cost several times more.
 """
 
 from __future__ import annotations
@@ -81,6 +82,49 @@ def source_files(src: Path) -> Iterator[Path]:
             yield rel
 
 
+def _missing(repo: Path, shas: list[str], env: dict[str, str] | None) -> set[str]:
+    out = git_run(repo, "cat-file", "--batch-check", input="\n".join(shas) + "\n", env=env)
+    return {line.split()[0] for line in out.splitlines() if line.endswith(" missing")}
+
+
+def _fast_import(repo: Path, paths: list[Path], env: dict[str, str] | None) -> list[str]:
+    """Store files as blobs in one pack (thousands of loose objects cost far more); their hashes."""
+    with tempfile.TemporaryDirectory(prefix="specpilot-import-") as tmp:
+        marks, err = Path(tmp) / "marks", Path(tmp) / "stderr"
+        cmd = ["git", "-C", str(repo), "-c", "pack.compression=0", "fast-import", "--quiet", "--done",
+               "--depth=0", "--big-file-threshold=1k", f"--export-marks={marks}"]  # fmt: skip
+        with open(err, "wb") as errfh:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errfh,
+                                    env={**os.environ, **(env or {})})  # fmt: skip
+            assert proc.stdin is not None
+            try:
+                for n, path in enumerate(paths, 1):
+                    data = path.read_bytes()
+                    proc.stdin.write(b"blob\nmark :%d\ndata %d\n" % (n, len(data)) + data + b"\n")
+                proc.stdin.write(b"done\n")
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass  # git stopped reading: its exit code and stderr say why
+            code = proc.wait()
+        if code != 0:
+            raise GitError(("fast-import",), repo, err.read_text(errors="replace").strip())
+        by_mark = dict(line.split() for line in marks.read_text().splitlines())
+        return [by_mark[f":{n}"] for n in range(1, len(paths) + 1)]
+
+
+def write_blobs(repo: Path, paths: list[Path], env: dict[str, str] | None = None) -> list[str]:
+    """The blob hashes of files (raw bytes, no filters), stored in `repo` where it lacks them."""
+    shas = git_run(repo, "hash-object", "--no-filters", "--stdin-paths",
+                   input="\n".join(str(p) for p in paths), env=env).split()  # fmt: skip
+    missing = _missing(repo, shas, env)
+    todo = [(p, sha) for p, sha in zip(paths, shas, strict=True) if sha in missing]
+    if todo:
+        stored = _fast_import(repo, [p for p, _ in todo], env)
+        if stored != [sha for _, sha in todo]:
+            raise GitError(("fast-import",), repo, "stored blobs do not hash like `git hash-object`")
+    return shas
+
+
 def write_tree(repo: Path, src: Path, env: dict[str, str] | None = None) -> str:
     """Store `src`'s files as blobs and trees in the repository at `repo`; return the root tree hash.
 
@@ -97,10 +141,7 @@ def write_tree(repo: Path, src: Path, env: dict[str, str] | None = None) -> str:
         ienv = {**(env or {}), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
         if not files:
             return git_run(repo, "mktree", input="", env=env)
-        paths = "\n".join(str(src / f) for f in files)
-        shas = git_run(
-            repo, "hash-object", "-w", "--no-filters", "--stdin-paths", input=paths, env=env
-        ).split()
+        shas = write_blobs(repo, [src / f for f in files], env)
         info = "".join(f"{FILE_MODE} {sha}\t{rel.as_posix()}\0" for rel, sha in zip(files, shas, strict=True))
         git_bytes(repo, "update-index", "-z", "--add", "--index-info", input=info.encode(), env=ienv)
         return git_run(repo, "write-tree", env=ienv)

@@ -8,7 +8,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from specpilot import controller
 from specpilot.deployments import SpecPilotError, load_deployment
 from specpilot.memory_store import connect, records
 
@@ -37,6 +36,8 @@ def phase0(ctx: typer.Context, deployment: str = DEPLOYMENT, blocks: int | None 
     """Phase 0: δ from stock vs AR, stock's token-forcing figures, stock noise σ."""
     c: Ctx = ctx.obj
     dep = load_deployment(deployment, c.home)
+    from specpilot import controller  # torch and scipy load only for the commands that judge
+
     with _progress(c) as progress:
         figures = controller.run_phase0(dep, c.home, blocks=blocks, progress=progress)
 
@@ -65,6 +66,8 @@ def noise(ctx: typer.Context, deployment: str = DEPLOYMENT, blocks: int | None =
     """Stock against itself (A/A) in the paired design: the noise σ approval is held to."""
     c: Ctx = ctx.obj
     dep = load_deployment(deployment, c.home)
+    from specpilot import controller  # torch and scipy load only for the commands that judge
+
     with _progress(c) as progress:
         figures = controller.measure_noise(dep, c.home, blocks=blocks, progress=progress)
 
@@ -90,6 +93,8 @@ def compare(
     """Paired, slot-swapped comparison of a candidate against a baseline, with its verdict."""
     c: Ctx = ctx.obj
     dep = load_deployment(deployment, c.home)
+    from specpilot import controller  # torch and scipy load only for the commands that judge
+
     with _progress(c) as progress:
         ev = controller.compare(
             dep, c.home, baseline, candidate, blocks=blocks, audit_output=audit, progress=progress
@@ -107,6 +112,8 @@ def audit_(
     """Token-forcing audit of one system against stock's Phase 0 figures."""
     c: Ctx = ctx.obj
     dep = load_deployment(deployment, c.home)
+    from specpilot import controller  # torch and scipy load only for the commands that judge
+
     with _progress(c) as progress:
         data = controller.audit_system(dep, c.home, system, progress=progress)
 

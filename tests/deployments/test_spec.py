@@ -117,7 +117,7 @@ def test_user_spec_shadows_shipped(tmp_path):
 
 
 def test_json_round_trip():
-    dep = load_deployment("gemma12b-h100-eagle3")
+    dep = load_deployment("qwen27b-rtx6000")
     again = Deployment.model_validate(json.loads(dep.model_dump_json()))
     assert again == dep
-    assert dep.engine_flags["speculative-eagle-topk"] == 4
+    assert dep.engine_flags["attention-backend"] == "triton"

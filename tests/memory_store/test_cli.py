@@ -118,7 +118,7 @@ def test_user_errors_are_one_line_exit_2(home, tmp_path):
         (["memory", "add", "x"], "exactly one of --dir PATH or --worktree ID"),
         (["memory", "import", "--builtin", "nope"], "no built-in bundle for engine 'nope'"),
         (["memory", "replay", "-d", "smollm-cpu", "--entries", "ghost"], "no memory entry named 'ghost'"),
-        (["memory", "replay", "-d", "qwen27b-h100"], "cannot be materialized yet"),
+        (["memory", "replay", "-d", "qwen27b-h1000"], "unknown deployment 'qwen27b-h1000'"),
         (["seal-check", "--system", "abcdef"], "no sealed system 'abcdef'"),
     ]
     for args, message in cases:

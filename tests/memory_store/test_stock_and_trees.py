@@ -29,16 +29,16 @@ def test_wheel_stock_is_refused_until_a_materializer_is_registered(tmp_path, mon
     monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path / "cache"))  # materialize into this test's cache
     home = Home(tmp_path)
     dep = load_deployment("qwen27b-h100")
+    monkeypatch.setattr(stock_mod, "_materializers", {})  # SGLang's own is registered by default
     with pytest.raises(SpecPilotError, match="stock wheel sglang==0.5.20 cannot be materialized yet"):
         stock_for(dep, home)
 
     calls = []
 
-    def unpack(wheel: str, folder: Path) -> None:  # what the SGLang engine will register
+    def unpack(wheel: str, folder: Path) -> None:  # stands in for the real one (test_sglang_stock.py)
         calls.append(wheel)
         make_tree(folder, {"python/sglang/__init__.py": f"# {wheel}\n"})
 
-    monkeypatch.setattr(stock_mod, "_materializers", {})
     stock_mod.register_wheel_stock("sglang", unpack)
     s = stock_for(dep, home)
     assert s.path == home.cache / "stock" / "sglang" / "sglang-0.5.20" and s.label == "sglang==0.5.20"
