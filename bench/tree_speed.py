@@ -2,6 +2,7 @@
 
     python bench/tree_speed.py --requests REQUESTS.jsonl [--device cpu:0] [--prompts 8]
         [--max-new-tokens 96] [--nodes 8,16,32] [--block-size 8] [--json OUT]
+        [--entry-tree DIR] [--model NAME_OR_FOLDER]
 
 Builds the built-in bundle's `refspec-tree-verify` entry from stock (as `memory replay` does),
 imports its refspec package, and decodes each HumanEval request with `verify = "chain"` (stock's
@@ -22,14 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from specpilot.deployments.stock import stock_tree_path
-from specpilot.memory_store import StockTree, builtin_bundles, read_bundle
-from specpilot.memory_store.stacking import Stacker
-
 ENTRY = "refspec-tree-verify"
 
 
 def entry_tree(out: Path) -> Path:
+    """Stock + the entry's delta, built as `memory replay` builds it (needs SpecPilot installed)."""
+    from specpilot.deployments.stock import stock_tree_path
+    from specpilot.memory_store import StockTree, builtin_bundles, read_bundle
+    from specpilot.memory_store.stacking import Stacker
+
     entry = {e.name: e for e in read_bundle(builtin_bundles()["refspec"])}[ENTRY]
     with Stacker() as st:
         stock = st.stock_hash(StockTree("refspec", stock_tree_path("refspec"), "refspec (built-in)"))
@@ -46,17 +48,19 @@ def main() -> None:
     ap.add_argument("--nodes", default="8,16,32")
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--entry-tree", type=Path, help="the entry's tree, already built (`memory replay`)")
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or HF folder")
     args = ap.parse_args()
 
     tmp = tempfile.TemporaryDirectory(prefix="tree-speed-")
-    root = entry_tree(Path(tmp.name) / "tree")
+    root = args.entry_tree or entry_tree(Path(tmp.name) / "tree")
     sys.path.insert(0, str(root))
     from refspec.config import load_config
     from refspec.generate import Engine, greedy
     from refspec.runtime import open_engine, warm_up
 
     base = load_config()
-    engine = open_engine(args.device, "smollm2-135m-instruct", None, base)  # pins a CPU slot
+    engine = open_engine(args.device, args.model, None, base)  # pins a CPU slot
     reqs = [json.loads(x) for x in args.requests.read_text().splitlines() if x.strip()]
     prompts = [r["input_ids"] for r in reqs if r.get("set", "humaneval") == "humaneval"][: args.prompts]
     n = args.max_new_tokens

@@ -163,6 +163,7 @@ class Stacker:
 
     def checkout(self, tree: str, out: Path) -> None:
         """Write `tree`'s files into the new folder `out` (created atomically: all or nothing)."""
+        out = out.absolute()  # git runs in the scratch repository, not in our working directory
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise SpecPilotError(f"{out} exists and is not an empty folder; choose another --out")
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from specpilot.deployments import SpecPilotError
@@ -60,6 +62,14 @@ def test_binary_and_non_utf8_files_round_trip(memory, toy_stock, tmp_path):
         st.checkout(st.build(st.stock_hash(toy_stock), [e]), out)
     assert (out / "toy" / "table.bin").read_bytes() == blob
     assert (out / "toy" / "latin.txt").read_bytes() == b"caf\xe9\n"
+
+
+def test_checkout_into_a_relative_folder(memory, toy_stock, tmp_path, monkeypatch):
+    e = add_entry(memory, "rel", edited(tmp_path, toy_stock.path, "r", {"toy/new.txt": b"x\n"}), toy_stock)
+    monkeypatch.chdir(tmp_path)
+    with Stacker() as st:
+        st.checkout(st.build(st.stock_hash(toy_stock), [e]), Path("sub") / "out")
+    assert (tmp_path / "sub" / "out" / "toy" / "new.txt").read_bytes() == b"x\n"
 
 
 def test_deleting_a_file_is_a_delta(memory, toy_stock, tmp_path):
