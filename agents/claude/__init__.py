@@ -1,0 +1,11 @@
+"""The `claude` agent backend (ARCHITECTURE §9): master and sub-agents through claude-agent-sdk.
+
+Public API: `ClaudeOptions` (model and budgets), `ClaudeMaster`, `ClaudeSubAgent`, `sdk_missing()`.
+The SDK is an optional install (`specpilot[claude]`); nothing here imports it until a run starts.
+"""
+
+from .config import ClaudeOptions, api_key, sdk_missing
+from .master import ClaudeMaster
+from .subagent import ClaudeSubAgent
+
+__all__ = ["ClaudeMaster", "ClaudeOptions", "ClaudeSubAgent", "api_key", "sdk_missing"]
