@@ -53,15 +53,22 @@ _REDIRECTS = {">", ">>", ">|", "&>", "&>>", "<>"}
 _HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][\w.-]*)\1")
 
 
-def resolve(path: str, cwd: Path, env: dict[str, str] | None = None) -> Path | None:
-    """`path` as an absolute, symlink-free path; None when it names something unknowable ($X, `...`)."""
+def resolve(path: str, cwd: Path, env: dict[str, str] | None = None, follow: bool = True) -> Path | None:
+    """`path` as an absolute, symlink-free path; None when it names something unknowable ($X, `...`).
+
+    With `follow=False` the last component is kept as it is (removing a link removes the link, not
+    what it points to)."""
     env = env or {}
     path = re.sub(r"\$\{?(HOME|PWD|TMPDIR)\}?", lambda m: env.get(m.group(1), m.group(0)), path)
     if path.startswith("~") and "HOME" in env:
         path = env["HOME"] + path[1:]
     if any(c in path for c in "$`*?[") or path.startswith("~"):
         return None
-    return Path(os.path.realpath(cwd / path))
+    full = cwd / path
+    # `rm link/` acts on what the link points to: a trailing slash follows the last component.
+    if not follow and not path.endswith(("/", "/.")) and full.name not in ("", ".", ".."):
+        return Path(os.path.realpath(full.parent)) / full.name
+    return Path(os.path.realpath(full))
 
 
 def inside(path: Path, root: Path) -> bool:
@@ -144,6 +151,7 @@ class _Effect(NamedTuple):
     cwd: str | None = None  # the new directory of `cd DIR`
     git: str | None = None  # why a git command may not run
     nested: str | None = None  # the command string of `bash -c STRING` / `eval ...`
+    unlinked: list[str] = []  # removed or renamed away: the last component is the link, not its target
 
 
 def _effect(words: list[str]) -> _Effect:
@@ -158,6 +166,11 @@ def _effect(words: list[str]) -> _Effect:
         return _Effect(nested=rest[rest.index("-c") + 1])
     if name == "eval":
         return _Effect(nested=" ".join(rest))
+    if name in ("rm", "rmdir", "unlink"):
+        return _Effect(unlinked=_args(rest))
+    if name == "mv":  # the sources go away (a link itself); the destination is written through links
+        args = _args(rest)
+        return _Effect(args[-1:], unlinked=args[:-1])
     if name in _ALL_ARGS:
         return _Effect(_args(rest))
     if name in _AFTER_FIRST:
@@ -211,8 +224,8 @@ def bash_writes(
     out: list[tuple[str, Path | None]] = []
     here: Path | None = cwd
 
-    def target(text: str) -> None:
-        out.append((text, resolve(text, here, env) if here else None))
+    def target(text: str, follow: bool = True) -> None:
+        out.append((text, resolve(text, here, env, follow) if here else None))
 
     for cmd in _commands(tokens):
         words: list[str] = []
@@ -235,6 +248,8 @@ def bash_writes(
             out.append(("<git>" + eff.git, None))
         for p in eff.paths:
             target(p)
+        for p in eff.unlinked:
+            target(p, follow=False)
         if eff.nested is not None and depth < 3:
             out += bash_writes(eff.nested, here or cwd, env, depth + 1)
         if eff.cwd is not None:

@@ -201,7 +201,7 @@ async def _run(spec: RunSpec, key: str) -> AgentRun:  # noqa: C901 - one linear 
     core = slot_env(spec.slot)[1]
     options = sdk.ClaudeAgentOptions(
         cwd=str(spec.cwd), tools=list(spec.tools), setting_sources=[], skills=[], strict_mcp_config=True,
-        allowed_tools=mcp_names,  # everything else goes through can_use_tool as well as the hook
+        allowed_tools=[],  # every call goes through can_use_tool as well as the hook
         disallowed_tools=[t for t in DISALLOWED if t not in spec.tools],
         permission_mode="default", can_use_tool=can_use,
         hooks={"PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[hook], on_failure="block")]},  # type: ignore[list-item]
@@ -239,9 +239,12 @@ async def _run(spec: RunSpec, key: str) -> AgentRun:  # noqa: C901 - one linear 
         raise AgentError(f"the agent ran past its time limit ({spec.options.timeout_s:.0f} s)",
                          {"transcript": str(spec.transcript)}) from None  # fmt: skip
     except sdk.ClaudeSDKError as e:
-        tail = transcript.scrub(" | ".join(stderr))
-        raise AgentError(f"the Claude Code CLI failed: {transcript.scrub(str(e))}" + (f" (stderr: {tail})" if tail else ""),
-                         {"transcript": str(spec.transcript)}) from None  # fmt: skip
+        # The CLI exits non-zero after an error result (a budget stop, too many turns): that result
+        # was already read and is judged below; anything else is a failure of the CLI itself.
+        if result is None:
+            tail = transcript.scrub(" | ".join(stderr))
+            raise AgentError(f"the Claude Code CLI failed: {transcript.scrub(str(e))}" + (f" (stderr: {tail})" if tail else ""),
+                             {"transcript": str(spec.transcript)}) from None  # fmt: skip
     finally:
         transcript.close()
         shutil.rmtree(private, ignore_errors=True)
