@@ -13,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from ..protocol import ControllerTools
 
 NOT_A_VERDICT = "not a verdict: only the round's paired judgement approves a patch"
@@ -37,6 +35,7 @@ def _result(data: Any, error: bool = False) -> dict[str, Any]:
 
 def controller_server_tools(tools: ControllerTools, worktree: Path) -> list[Any]:
     """The SdkMcpTool list of the `controller` MCP server for one sub-agent."""
+    import anyio
     from claude_agent_sdk import ToolAnnotations, tool
 
     def make(name: str, fn: Callable[[Path], dict[str, Any]]):

@@ -30,11 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from ..protocol import AgentError
 from . import stubs
-from .config import ClaudeOptions, api_key
+from .config import ClaudeOptions, api_key, sandbox_missing
 from .confine import WRITE_TOOLS, check_tool
 from .transcript import Transcript
 
@@ -148,11 +146,21 @@ async def _prompt(text: str):
 
 
 def run(spec: RunSpec) -> AgentRun:
-    """Run one agent to its end; raises AgentError (with the run's record) when it fails or overspends."""
-    return anyio.run(_run, spec, api_key())
+    """Run one agent to its end; raises AgentError (with the run's record) when it fails or overspends.
+
+    Fails closed: without the Bash sandbox no run starts (the CLI is also told to fail if it cannot
+    sandbox), whatever tools the run has."""
+    import anyio  # a dependency of the SDK (the `claude` extra), like everything run-time here
+
+    key = api_key()
+    why = sandbox_missing()
+    if why:
+        raise AgentError(why)
+    return anyio.run(_run, spec, key)
 
 
 async def _run(spec: RunSpec, key: str) -> AgentRun:  # noqa: C901 - one linear story
+    import anyio
     import claude_agent_sdk as sdk
 
     private = Path(tempfile.mkdtemp(prefix="specpilot-agent-"))
