@@ -155,3 +155,34 @@ def test_dollar_budget_stops_the_run(setup, api):
         agent.implement(DIRECTION, wt, "cpu:0", LocalControllerTools(dep, home, "system"))
     assert fake.served == 1  # the CLI stopped before asking for another turn
     assert err.value.record["cost_usd"] > 0.5
+
+
+def test_without_the_sandbox_no_command_runs(setup, api, tmp_path, monkeypatch):
+    """Fail closed: no bubblewrap on PATH, no run at all; a bubblewrap that cannot create its
+    namespaces (a locked-down container), no Bash command runs (the CLI wraps each one in it)."""
+    home, dep, ws, wt, outside, agent = setup
+    tools = LocalControllerTools(dep, home, "system")
+    path = os.environ["PATH"]
+    fake = api([])
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    with pytest.raises(
+        AgentError, match=r"Bash sandbox needs bwrap and socat.*apt-get install bubblewrap socat"
+    ):
+        agent.implement(DIRECTION, wt, "cpu:0", tools)
+    assert fake.served == 0
+
+    broken = tmp_path / "bin"
+    broken.mkdir()
+    (broken / "bwrap").write_text(
+        "#!/bin/sh\necho 'bwrap: No permissions to create a new namespace' >&2\nexit 1\n"
+    )
+    (broken / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{broken}{os.pathsep}{path}")
+    write = tool_use(
+        "Bash", command=f"python -c \"open('{outside}/py.txt', 'w')\"; touch inside.txt", description="x"
+    )
+    fake = api([[write], [text("done")]])
+    with pytest.raises(AgentError, match="changed nothing"):
+        agent.implement(DIRECTION, wt, "cpu:0", tools)
+    assert "No permissions" in _text(_tool_results(fake)[write["id"]])
+    assert os.listdir(outside) == [] and not (wt / "inside.txt").exists()
