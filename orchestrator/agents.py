@@ -67,9 +67,10 @@ def claude_agents(rnd: Round):
     from specpilot.agents import claude
     from specpilot.controller import protected_paths
 
-    why = claude.sdk_missing()
-    if why:
-        raise SpecPilotError(why)
+    for why in (claude.sdk_missing(), claude.sandbox_missing()):
+        if why:
+            raise SpecPilotError(why)
+    claude.api_key()  # a resumed round stops here, resumable, rather than fail every direction
     options = claude.ClaudeOptions.model_validate(rnd.state.get("agent_options") or {})
     folder = rnd.home.transcripts / rnd.dep.name / f"round-{rnd.number}"
     protected = protected_paths(rnd.dep)
