@@ -94,7 +94,15 @@ class SubAgent(Protocol):
 
 
 class AgentError(Exception):
-    """An agent produced something unusable (a malformed direction, a patch that fails checks)."""
+    """An agent produced something unusable (a malformed direction, a patch that fails checks).
+
+    `record` carries what the failed run still left behind (its transcript, cost and usage), so the
+    round can store it with the failed direction.
+    """
 
     is_user_error = True
     exit_code = 2
+
+    def __init__(self, message: str, record: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.record = record or {}

@@ -5,10 +5,18 @@ rest of the package is private.
 """
 
 from .engine import Request, SystemFailed
-from .evaluate import Evaluation, audit_system, compare, cost_report, measure_noise, quick_compare
+from .evaluate import (
+    Evaluation,
+    audit_system,
+    compare,
+    cost_report,
+    measure_noise,
+    protected_paths,
+    quick_compare,
+)
 from .integrity import controller_digest
 from .phase0 import run_phase0
-from .systems import CandidateRefused
+from .systems import CandidateRefused, protected_hits
 
 __all__ = [
     "CandidateRefused",
@@ -20,6 +28,8 @@ __all__ = [
     "controller_digest",
     "cost_report",
     "measure_noise",
+    "protected_hits",
+    "protected_paths",
     "quick_compare",
     "run_phase0",
 ]

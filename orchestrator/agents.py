@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specpilot.agents.memory_backend import MemoryMaster, MemorySubAgent
-from specpilot.deployments import SpecPilotError
+from specpilot.deployments import Home, SpecPilotError
 
 if TYPE_CHECKING:
     from .round import Round
@@ -16,22 +15,70 @@ AGENTS = ("memory", "claude")
 
 def default_agent() -> str:
     """`claude` when an API key is configured, else the offline `memory` agent."""
-    return "claude" if os.environ.get("ANTHROPIC_API_KEY") else "memory"
+    from specpilot.agents.claude import key_configured  # imports nothing of the SDK
+
+    return "claude" if key_configured() else "memory"
+
+
+def agent_options(name: str, home: Home, **overrides: Any) -> dict[str, Any]:
+    """The settings a new round of backend `name` keeps in its state; checks the backend can run.
+
+    One clear error before anything starts: the SDK is not installed, no key, no Bash sandbox, or a
+    bad setting in `<home>/claude.toml` or the round's options."""
+    if name == "memory":
+        return {}
+    if name != "claude":
+        raise SpecPilotError(f"unknown agent {name!r}; use one of {', '.join(AGENTS)}")
+    from specpilot.agents import claude
+
+    for why in (claude.sdk_missing(), claude.sandbox_missing()):
+        if why:
+            raise SpecPilotError(why)
+    claude.api_key()
+    return claude.load_options(home.root, **overrides).model_dump()
 
 
 def make_agents(name: str, rnd: Round):
     """(master, sub-agent) of backend `name` for this round."""
     if name == "memory":
-        have = set(rnd.state["baseline"]["entries"])
-        deltas = {}
-        for e in rnd.memory.entries(rnd.dep.engine):
-            if e.name not in have:
-                try:
-                    order = rnd.memory.resolve([e.name])
-                except SpecPilotError:
-                    continue
-                deltas[e.name] = [(x.name, x.delta) for x in order if x.name not in have]
-        return MemoryMaster(), MemorySubAgent(deltas)
+        return MemoryMaster(), memory_subagent(rnd)
     if name == "claude":
-        raise SpecPilotError("the claude agent backend is not part of this version; use --agent memory")
+        return claude_agents(rnd)
     raise SpecPilotError(f"unknown agent {name!r}; use one of {', '.join(AGENTS)}")
+
+
+def memory_subagent(rnd: Round) -> MemorySubAgent:
+    """Applies `entry` / `knob` directions exactly: each entry's delta with its missing requirements."""
+    have = set(rnd.state["baseline"]["entries"])
+    deltas = {}
+    for e in rnd.memory.entries(rnd.dep.engine):
+        if e.name not in have:
+            try:
+                order = rnd.memory.resolve([e.name])
+            except SpecPilotError:
+                continue
+            deltas[e.name] = [(x.name, x.delta) for x in order if x.name not in have]
+    return MemorySubAgent(deltas)
+
+
+def claude_agents(rnd: Round):
+    """The claude master (read-only over the current system) and sub-agents (one worktree each);
+    transcripts go to `<home>/transcripts/<deployment>/round-<n>/`."""
+    from specpilot.agents import claude
+    from specpilot.controller import protected_paths
+
+    for why in (claude.sdk_missing(), claude.sandbox_missing()):
+        if why:
+            raise SpecPilotError(why)
+    claude.api_key()  # a resumed round stops here, resumable, rather than fail every direction
+    options = claude.ClaudeOptions.model_validate(rnd.state.get("agent_options") or {})
+    folder = rnd.home.transcripts / rnd.dep.name / f"round-{rnd.number}"
+    protected = protected_paths(rnd.dep)
+    master = claude.ClaudeMaster(rnd.dep, options, rnd.ws.root / "repo", folder / "master.jsonl", protected)
+
+    def transcript_for(worktree):  # worktrees are named r<round>-d<direction>
+        return folder / f"direction-{worktree.name.rsplit('-d', 1)[-1]}.jsonl"
+
+    sub = claude.ClaudeSubAgent(rnd.dep, options, transcript_for, protected,
+                                costmodel=rnd.state.get("costmodel"), exact=memory_subagent(rnd))  # fmt: skip
+    return master, sub

@@ -11,7 +11,7 @@ from rich.text import Text
 from specpilot.deployments import SpecPilotError, load_deployment
 from specpilot.memory_store import connect, records
 
-from .agents import AGENTS, default_agent
+from .agents import AGENTS, agent_options, default_agent
 from .output import Ctx, console, emit
 from .reports import round_panel
 from .round import start_or_resume
@@ -25,6 +25,9 @@ def round_(
     ),
     rounds: int = typer.Option(1, min=1, help="Rounds to run, each from the last sealed system."),
     resume: int = typer.Option(None, help="Continue round N where it stopped (after a crash or kill)."),
+    model: str = typer.Option(None, help="claude: the model (default: <home>/claude.toml, else the CLI's)."),
+    max_turns: int = typer.Option(None, min=1, help="claude: model turns per agent run (default 200)."),
+    budget_usd: float = typer.Option(None, min=0.01, help="claude: dollars per agent run (default 10)."),
 ) -> None:
     """Run optimization rounds: cost model → directions → patches → paired judgement → sealed system."""
     c: Ctx = ctx.obj
@@ -32,6 +35,7 @@ def round_(
     agent = agent or default_agent()
     if agent not in AGENTS:
         raise SpecPilotError(f"unknown agent {agent!r}; use one of {', '.join(AGENTS)}")
+    options = agent_options(agent, c.home, model=model, max_turns=max_turns, budget_usd=budget_usd)
     reports = []
     for k in range(rounds):
         t0 = time.monotonic()
@@ -41,12 +45,12 @@ def round_(
             line.plain = f"[{time.monotonic() - t0:6.0f}s] {step}: {msg}"
 
         if c.json:
-            rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, lambda *_: None)
+            rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, lambda *_: None, options)
             state = rnd.run()
         else:
             with Live(line, console=console, refresh_per_second=4, transient=True):
-                rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, progress)
-                line.plain = f"round {rnd.number} of {dep.name} (agent {agent})"
+                rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, progress, options)
+                line.plain = f"round {rnd.number} of {dep.name} (agent {rnd.state.get('agent', agent)})"
                 state = rnd.run()
         reports.append({"deployment": dep.name, "round": rnd.number, "status": "done",
                         "elapsed_s": time.monotonic() - t0, **state})  # fmt: skip

@@ -132,6 +132,9 @@ def round_panel(deployment: str, number: int, status: str, st: dict[str, Any]) -
             why = "; ".join(ev.get("reasons") or []) or "clears the bar; audit passed"
         table.add_row(str(i), d["title"], d["target_factor"], d.get("slot", ""), verdict, gain, lb, bar, why)
     parts.append(table)
+    runs = agent_runs_table(st)
+    if runs is not None:
+        parts.append(runs)
     comb = st.get("combination")
     if comb:
         note = f" ({comb['note']})" if comb.get("note") else ""
@@ -146,3 +149,30 @@ def round_panel(deployment: str, number: int, status: str, st: dict[str, Any]) -
         else:
             parts.append(Text("no direction approved: the system is unchanged", style="bold"))
     return Panel(Group(*parts), title=f"round {number} of {deployment}", expand=False)
+
+
+def _tokens(usage: dict[str, Any]) -> str:
+    fresh = usage.get("input_tokens") or 0
+    cached = (usage.get("cache_read_input_tokens") or 0) + (usage.get("cache_creation_input_tokens") or 0)
+    out = f"{fresh + cached:,} in / {usage.get('output_tokens') or 0:,} out"
+    return out + (f", {usage['num_turns']} turns" if usage.get("num_turns") else "")
+
+
+def agent_runs_table(st: dict[str, Any]) -> Table | None:
+    """Tokens, dollars and the stored transcript of each agent run of a round (claude agent); None
+    when no run has any (the memory agent)."""
+    rows = [("master", st["master"])] if st.get("master") else []
+    rows += [(f"direction {i}", p) for i, p in sorted(st.get("patches", {}).items(), key=lambda x: int(x[0]))
+             if p.get("transcript") or p.get("cost_usd")]  # fmt: skip
+    if not rows:
+        return None
+    table = Table(title="agent runs")
+    for col in ("run", "tokens", "cost", "transcript"):
+        table.add_column(col)
+    for name, r in rows:
+        table.add_row(
+            name, _tokens(r.get("usage") or {}), f"${r.get('cost_usd') or 0:.2f}", r.get("transcript") or "-"
+        )
+    total = sum(r.get("cost_usd") or 0 for _, r in rows)
+    table.add_row("total", "", f"${total:.2f}", "")
+    return table

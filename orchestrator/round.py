@@ -93,7 +93,12 @@ class Round:
             budget={"rounds_left": self.state.get("rounds_left", 0)},
         )  # fmt: skip
         self.state["knobs"] = ctx.knobs
-        directions = master.plan(ctx)
+        try:
+            directions = master.plan(ctx)
+        finally:  # the master's transcript, tokens and cost, kept even when its answer is refused
+            if getattr(master, "record", None):
+                self.state["master"] = master.record
+                self.save()
         if len(directions) > len(slots):
             raise AgentError(f"the master planned {len(directions)} directions for {len(slots)} slots")
         self.state["directions"] = [
@@ -127,8 +132,8 @@ class Round:
             direction = Direction.model_validate({k: v for k, v in d.items() if k not in ("key", "slot")})
             try:
                 patch = sub.implement(direction, wt, d["slot"], tools)
-            except (AgentError, SpecPilotError) as e:
-                return {"error": str(e)}
+            except (AgentError, SpecPilotError) as e:  # a failed run still has a transcript and a cost
+                return {"error": str(e), **getattr(e, "record", {})}
             tree = self.ws.commit_worktree(wt, f"round {self.number}: {direction.title}")
             if tree == self.state["baseline"]["tree"]:
                 return {"error": "the patch is empty"}
@@ -176,8 +181,10 @@ def git(repo, *args: str) -> str:
     return proc.stdout.strip()
 
 
-def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None, progress: Progress) -> Round:
-    """A new round from the current sealed system, or round `resume` where it stopped."""
+def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None, progress: Progress,
+                    agent_options: dict[str, Any] | None = None) -> Round:  # fmt: skip
+    """A new round from the current sealed system, or round `resume` where it stopped (with the agent
+    and agent options it started with)."""
     db = connect(home)
     ws, _ = Workspace.init(home, dep)
     sealing.ensure_builtin(open_memory(home), dep)
@@ -201,5 +208,6 @@ def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None,
         "tree": ws.system_tree,
         "entries": sealing.system_entries(db, dep, ws.system_tree),
     }
-    rec = records.start_round(db, dep.name, {"agent": agent, "baseline": base, "finished": []})
+    state = {"agent": agent, "agent_options": agent_options or {}, "baseline": base, "finished": []}
+    rec = records.start_round(db, dep.name, state)
     return Round(dep, home, rec.number, dict(rec.state), progress)

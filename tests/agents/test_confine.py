@@ -1,0 +1,81 @@
+"""The write checks of the PreToolUse hook (`confine.check_tool`) on real folders and symbolic links.
+
+These are the hook's rules alone; the sub-agent test shows them (and the Bash sandbox behind them)
+inside a real run of the Claude Code CLI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specpilot.agents.claude.confine import bash_writes, check_tool
+
+
+@pytest.fixture
+def tree(tmp_path: Path):
+    wt, out = tmp_path / "wt", tmp_path / "outside"
+    (wt / "refspec").mkdir(parents=True)
+    (wt / ".git").write_text("gitdir: /somewhere\n")
+    out.mkdir()
+    (wt / "escape").symlink_to(out)
+    return wt, out
+
+
+def bash(cmd: str, wt: Path) -> str | None:
+    return check_tool("Bash", {"command": cmd}, wt, wt, None, {"HOME": "/home/agent", "PWD": str(wt)})
+
+
+def test_file_tools_write_only_inside(tree):
+    wt, out = tree
+    assert check_tool("Write", {"file_path": "refspec/x.py"}, wt, wt, None) is None
+    assert check_tool("Edit", {"file_path": str(wt / "refspec.toml")}, wt, wt, None) is None
+    for path in (str(out / "x"), "../outside/x", "escape/x", str(wt / ".git"), "~/x", "$HOME/x"):
+        assert "outside your worktree" in check_tool("Write", {"file_path": path}, wt, wt, None), path
+    assert "without a file_path" in check_tool("Write", {}, wt, wt, None)
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "echo x > ../outside/a",
+        "cd .. && touch outside/a",
+        "cat refspec.toml | tee -a /tmp/x",
+        "cp refspec.toml escape/",
+        "mv refspec.toml escape",  # the destination is written through the link
+        "rm -r escape/",  # a trailing slash removes what the link points to
+        "sed -i s/a/b/ /etc/hosts",
+        "bash -c 'echo x >> /root/.bashrc'",
+        "git add -A",
+        "git -C .. commit -m x",
+        "dd if=/dev/zero of=/tmp/z count=1",
+    ],
+)
+def test_bash_writes_outside_are_denied(tree, cmd):
+    wt, _ = tree
+    assert bash(cmd, wt) is not None, cmd
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "echo x > notes.txt 2>/dev/null",
+        "mkdir -p .scratch && echo a > .scratch/b",
+        "rm escape",  # removes the link, not its target
+        "mv escape old-link",
+        "sed -i 's/8/6/' refspec.toml",
+        "git diff && git status",
+        "python -c \"open('/tmp/x', 'w')\"",  # invisible to the hook: the sandbox's job
+        "cat <<EOF > new.py\nprint('> /etc/passwd')\nEOF",
+    ],
+)
+def test_bash_writes_inside_are_allowed(tree, cmd):
+    wt, _ = tree
+    assert bash(cmd, wt) is None, cmd
+
+
+def test_bash_writes_resolves_cd_and_links(tree):
+    wt, out = tree
+    found = dict(bash_writes("cd refspec && echo x > y; cd ../escape && touch z", wt))
+    assert found == {"y": wt / "refspec" / "y", "z": out / "z"}
