@@ -140,10 +140,17 @@ def audit_(
 
 
 def report(
-    ctx: typer.Context, ident: str = typer.Argument(None, help="Verdict or run id (a prefix will do).")
+    ctx: typer.Context,
+    ident: str = typer.Argument(None, help="Round number, or verdict or run id (a prefix will do)."),
+    deployment: str = typer.Option(None, "--deployment", "-d", help="Deployment of the round."),
 ) -> None:
-    """A stored verdict as an approval report; without an id, the latest verdicts."""
+    """A round's approval report, or a stored verdict's; without an argument, the latest verdicts."""
     c: Ctx = ctx.obj
+    if ident is not None and ident.isdigit():
+        from .cli_round import round_report
+
+        round_report(c, deployment, int(ident))
+        return
     db = connect(c.home)
     verdicts = records.list_verdicts(db)
     if ident is None:
