@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from specpilot.agents.memory_backend import MemoryMaster, MemorySubAgent
@@ -34,12 +36,22 @@ def _ctx(dep, ws, memory, past=(), factors=None):
 def test_plans_one_direction_per_slot_deterministically(world):
     _, dep, ws, memory = world
     ctx = _ctx(dep, ws, memory)
-    assert ctx.knobs["refspec.toml:decode.block_size"] == 8
     first, again = MemoryMaster().plan(ctx), MemoryMaster().plan(ctx)
     assert [d.key for d in first] == [d.key for d in again]
     assert len(first) == 2
+    # The kernel factor is the largest, and draft confidence has a recorded smollm-cpu gain.
+    assert first[0].entry == "refspec-draft-confidence" and first[0].target_factor == "kernel"
+    assert first[0].expected_gain > 0.05
+
+
+def test_knob_retunes_spread_over_knobs_smallest_step_first(world):
+    _, dep, ws, memory = world
+    ctx = _ctx(dep, ws, memory)
+    ctx = dataclasses.replace(ctx, memory=[e for e in ctx.memory if e["name"] == "refspec-knobs"])
+    assert ctx.knobs["refspec.toml:decode.block_size"] == 8
+    first = MemoryMaster().plan(ctx)
     knobs = [d.knob.knob for d in first]
-    assert len(set(knobs)) == 2  # the slots are spread over different knobs
+    assert len(first) == 2 and len(set(knobs)) == 2  # the slots are spread over different knobs
     block = next(d for d in first if d.knob.knob == "decode.block_size")
     assert block.knob.value == 6  # the smallest step from 8 among 4, 6, 12, 16
 
@@ -57,11 +69,14 @@ def test_never_repeats_a_direction_judged_on_the_same_system(world):
 
 def test_recorded_gains_rank_first(world):
     _, dep, ws, memory = world
-    ctx = _ctx(dep, ws, memory)
+    # Within the largest factor (tree here), a knob value with a recorded 4% gain on this
+    # deployment ranks above the tree entry's recorded 2.7% and every unmeasured direction.
+    ctx = _ctx(dep, ws, memory, factors={"tree": 2.0, "kernel": 1.1, "outside": 1.0})
     knobs = next(e for e in ctx.memory if e["name"] == "refspec-knobs")
     knobs["evidence"] = [{"deployment": dep.name, "knob": "drafter.max_ngram", "value": 2, "gain": 1.04}]
     plan = MemoryMaster().plan(ctx)
     assert plan[0].knob.knob == "drafter.max_ngram" and plan[0].knob.value == 2
+    assert plan[1].entry == "refspec-tree-verify"
 
 
 def test_sub_agent_edits_one_line_and_applies_entry_deltas(world):
