@@ -49,7 +49,7 @@ def import_tree(root: Path, alias: str) -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     sys.modules[alias] = mod
     spec.loader.exec_module(mod)
-    for sub in ("errors", "config", "tree", "drafter", "model", "generate", "record"):
-        if (pkg / f"{sub}.py").exists():  # `tree` exists only in the tree-verification entry
+    for sub in ("errors", "config", "tree", "certified_head", "drafter", "model", "generate", "record"):
+        if (pkg / f"{sub}.py").exists():  # `tree`, `certified_head` exist only in their entries
             setattr(mod, sub, importlib.import_module(f"{alias}.{sub}"))
     return mod
