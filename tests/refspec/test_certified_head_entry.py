@@ -38,7 +38,9 @@ METHODS = ["dequant"] + (["int8pack"] if hasattr(torch.ops.aten, "_weight_int8pa
 @pytest.fixture(scope="module")
 def ch(tmp_path_factory):
     """The entry's refspec package (imported as `refspec_certified_head`)."""
-    return import_tree(checkout_entry(tmp_path_factory.mktemp("ch") / "tree", ENTRY), "refspec_certified_head")
+    return import_tree(
+        checkout_entry(tmp_path_factory.mktemp("ch") / "tree", ENTRY), "refspec_certified_head"
+    )
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -49,7 +51,9 @@ def test_knob_default_and_range(ch, tmp_path):
     assert ch.config.load_config().decode.lm_head == "certified"
     bad = tmp_path / "refspec.toml"
     bad.write_text('[decode]\nlm_head = "int8"\n')
-    with pytest.raises(ch.errors.RefspecError, match=r"refspec\.toml: decode\.lm_head = 'int8'; use one of exact"):
+    with pytest.raises(
+        ch.errors.RefspecError, match=r"refspec\.toml: decode\.lm_head = 'int8'; use one of exact"
+    ):
         ch.config.load_config(bad)
 
 
