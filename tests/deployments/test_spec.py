@@ -108,9 +108,7 @@ def test_unknown_name_lists_the_known_ones():
 def test_user_spec_shadows_shipped(tmp_path):
     home = Home(tmp_path)
     home.deployments.mkdir(parents=True)
-    _write(
-        home.deployments, "smollm-cpu", _base_text().replace("max_new_tokens = 64", "max_new_tokens = 32")
-    )
+    _write(home.deployments, "smollm-cpu", _base_text().replace("max_new_tokens = 64", "max_new_tokens = 32"))
     assert "max_new_tokens = 64" in _base_text()
     assert load_deployment("smollm-cpu", home).workload.max_new_tokens == 32
     assert load_deployment("smollm-cpu").workload.max_new_tokens == 64
