@@ -12,6 +12,7 @@ or edits the one knob line.
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,29 @@ def _git(cwd: Path, *args: str, input: str | None = None) -> str:
     return proc.stdout
 
 
+def _apply_delta(worktree: Path, name: str, delta: str) -> None:
+    """Apply an entry's delta (made on stock) with a three-way merge onto this system's files.
+
+    Hunks that touch other lines than the system's own changes merge cleanly; overlapping ones
+    (two entries adding a knob at the same place) are a conflict, named file by file.
+    """
+    proc = subprocess.run(["git", "apply", "--3way", "--whitespace=nowarn", "-"], cwd=worktree,
+                          input=delta, capture_output=True, text=True)  # fmt: skip
+    if proc.returncode == 0:
+        return
+    err = proc.stderr
+    for args in (["reset", "-q", "--hard"], ["clean", "-fdq"]):  # no conflict markers left behind
+        subprocess.run(["git", *args], cwd=worktree, capture_output=True)
+    files = re.findall(r"Applied patch to '([^']+)' with conflicts", err) or re.findall(
+        r"patch failed: ([^:]+):", err
+    )
+    where = ", ".join(dict.fromkeys(files)) or err.strip().splitlines()[-1]
+    raise AgentError(
+        f"entry {name} does not apply to this system: its delta (made on stock) conflicts with the "
+        f"system's code in {where}; combine them by hand or store an entry built on this system"
+    )
+
+
 class MemorySubAgent:
     """Applies an entry's deltas (requirements first) or one knob change in the worktree."""
 
@@ -117,10 +141,7 @@ class MemorySubAgent:
         if direction.entry:
             for name, delta in self.deltas.get(direction.entry, []):
                 if delta:
-                    try:
-                        _git(worktree, "apply", "--whitespace=nowarn", "-", input=delta)
-                    except AgentError as e:
-                        raise AgentError(f"entry {name} does not apply to this system: {e}") from None
+                    _apply_delta(worktree, name, delta)
             summary = f"applied {', '.join(n for n, _ in self.deltas.get(direction.entry, []))}"
         elif direction.knob:
             set_knob(worktree / direction.knob.file, direction.knob.knob, direction.knob.value)

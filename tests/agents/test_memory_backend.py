@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 
 import pytest
 
 from specpilot.agents.memory_backend import MemoryMaster, MemorySubAgent
-from specpilot.agents.protocol import Direction, KnobChange, PlanningContext
+from specpilot.agents.protocol import AgentError, Direction, KnobChange, PlanningContext
 from specpilot.deployments import Home, load_deployment
-from specpilot.memory_store import open_memory
+from specpilot.memory_store import builtin_bundles, open_memory
 from specpilot.orchestrator import sealing
 from specpilot.orchestrator.workspace import Workspace
 
@@ -94,3 +95,26 @@ def test_sub_agent_edits_one_line_and_applies_entry_deltas(world):
     )
     applied = MemorySubAgent({"x": [("x", delta)]}).implement(e, wt2, "cpu:0", tools=None)
     assert applied.diff == patch.diff
+
+
+def test_entry_conflicting_with_the_system_is_named_and_leaves_a_clean_worktree(world):
+    """Two entries made on stock that add a knob at the same place: a conflict, file by file."""
+    _, dep, ws, memory = world
+    bundle = builtin_bundles()["refspec"]
+    delta = {
+        n: (bundle / f"{n}.patch").read_text() for n in ("refspec-draft-confidence", "refspec-certified-head")
+    }
+
+    def direction(name: str) -> Direction:
+        return Direction(title=f"apply {name}", hypothesis="from memory", target_factor="kernel",
+                         expected_gain=0.0, plan="apply it", entry=name)  # fmt: skip
+
+    wt = ws.add_worktree("dc")
+    agent = MemorySubAgent({n: [(n, d)] for n, d in delta.items()})
+    agent.implement(direction("refspec-draft-confidence"), wt, "cpu:0", tools=None)
+    ws.commit_worktree(wt, "dc")
+    on_dc = ws.add_worktree("ch-on-dc", "cand/dc")
+    with pytest.raises(AgentError, match=r"conflicts with the system's code in refspec\.toml"):
+        agent.implement(direction("refspec-certified-head"), on_dc, "cpu:0", tools=None)
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=on_dc, capture_output=True, text=True)
+    assert status.stdout == ""  # no conflict markers or half-applied files left
