@@ -97,24 +97,30 @@ def test_sub_agent_edits_one_line_and_applies_entry_deltas(world):
     assert applied.diff == patch.diff
 
 
-def test_entry_conflicting_with_the_system_is_named_and_leaves_a_clean_worktree(world):
-    """Two entries made on stock that add a knob at the same place: a conflict, file by file."""
+def test_entries_made_on_stock_stack_by_three_way_merge_or_name_the_conflict(world):
+    """Certified head onto a system holding draft confidence merges (their knob lines are apart);
+    tree verification adds its knobs where draft confidence did: a conflict, named file by file."""
     _, dep, ws, memory = world
     bundle = builtin_bundles()["refspec"]
-    delta = {
-        n: (bundle / f"{n}.patch").read_text() for n in ("refspec-draft-confidence", "refspec-certified-head")
-    }
+    names = ("refspec-draft-confidence", "refspec-certified-head", "refspec-tree-verify")
+    agent = MemorySubAgent({n: [(n, (bundle / f"{n}.patch").read_text())] for n in names})
 
     def direction(name: str) -> Direction:
         return Direction(title=f"apply {name}", hypothesis="from memory", target_factor="kernel",
                          expected_gain=0.0, plan="apply it", entry=name)  # fmt: skip
 
     wt = ws.add_worktree("dc")
-    agent = MemorySubAgent({n: [(n, d)] for n, d in delta.items()})
     agent.implement(direction("refspec-draft-confidence"), wt, "cpu:0", tools=None)
     ws.commit_worktree(wt, "dc")
-    on_dc = ws.add_worktree("ch-on-dc", "cand/dc")
+    both = agent.implement(
+        direction("refspec-certified-head"), ws.add_worktree("ch", "cand/dc"), "cpu:0", None
+    )
+    assert "\n+lm_head" in both.diff and "\n+min_draft_prob" not in both.diff  # the system is its base
+    assert 'lm_head = "certified"' in (both.worktree / "refspec.toml").read_text()
+    assert "min_draft_prob = 0.7" in (both.worktree / "refspec.toml").read_text()
+
+    on_dc = ws.add_worktree("tree", "cand/dc")
     with pytest.raises(AgentError, match=r"conflicts with the system's code in refspec\.toml"):
-        agent.implement(direction("refspec-certified-head"), on_dc, "cpu:0", tools=None)
+        agent.implement(direction("refspec-tree-verify"), on_dc, "cpu:0", tools=None)
     status = subprocess.run(["git", "status", "--porcelain"], cwd=on_dc, capture_output=True, text=True)
     assert status.stdout == ""  # no conflict markers or half-applied files left
