@@ -46,9 +46,7 @@ def test_a_source_tree_extracts(python, tmp_path):
     assert (tmp_path / "pkg" / "b.py").readlink().as_posix() == "a.py"
 
 
-@pytest.mark.parametrize(
-    "member", [("../evil.py", b"x", None), ("/abs.py", b"x", None), ("pkg/out", None, "../../etc/passwd")]
-)
+@pytest.mark.parametrize("member", [("../evil.py", b"x", None), ("pkg/out", None, "../../etc/passwd")])
 def test_escaping_members_are_refused(python, tmp_path, member):
     with pytest.raises((SpecPilotError, tarfile.FilterError)):
         safe_extract(_tar(member), tmp_path / "out")
