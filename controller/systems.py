@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specpilot.deployments import SpecPilotError
-from specpilot.memory_store.gittree import CACHE_EXCLUDES, GitError, git_bytes, write_tree
+from specpilot.memory_store.gittree import CACHE_EXCLUDES, GitError, git_bytes, safe_extract, write_tree
 
 # Paths every engine protects, besides the deployment's own list.
 # SGLang's are its HTTP entry points and the tokenizer manager, where chunks and meta_info are made.
@@ -64,7 +64,7 @@ def checkout(repo: Path, rev: str, cache: Path) -> SystemTree:
         tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".export-"))
         try:
             with tarfile.open(fileobj=io.BytesIO(_git(repo, "archive", "--format=tar", tree))) as tar:
-                tar.extractall(tmp, filter="data")
+                safe_extract(tar, tmp)
             os.replace(tmp, path)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,3 +146,18 @@ def write_tree(repo: Path, src: Path, env: dict[str, str] | None = None) -> str:
         info = "".join(f"{FILE_MODE} {sha}\t{rel.as_posix()}\0" for rel, sha in zip(files, shas, strict=True))
         git_bytes(repo, "update-index", "-z", "--add", "--index-info", input=info.encode(), env=ienv)
         return git_run(repo, "write-tree", env=ienv)
+
+
+def safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
+    """Extract a `git archive` tar into `dest`: the "data" filter where Python has it (3.11.4+),
+    else the same refusals by hand (absolute or `..` paths, anything but files, folders, links)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    for m in tar.getmembers():
+        names = [m.name, m.linkname] if m.issym() else [m.name]
+        if any(n.startswith("/") or ".." in Path(n).parts for n in names) or not (
+            m.isreg() or m.isdir() or m.issym()
+        ):
+            raise SpecPilotError(f"refusing archive member {m.name!r}: not a plain file of a source tree")
+    tar.extractall(dest)

@@ -27,6 +27,7 @@ from specpilot.costmodel import (
 from specpilot.costmodel.recording import label_sets
 from specpilot.costmodel.runner import tree_digest
 from specpilot.deployments import Deployment, Home, SpecPilotError, load_deployment
+from specpilot.memory_store.gittree import safe_extract
 
 from .output import Ctx, emit
 from .workspace import SYSTEM_BRANCH, Workspace, stock_source
@@ -72,7 +73,7 @@ def system_tree(dep: Deployment, home: Home, rev: str | None) -> tuple[Path, str
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".export-"))
         try:
             with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
-                tf.extractall(tmp, filter="data")
+                safe_extract(tf, tmp)
             os.replace(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
