@@ -72,9 +72,9 @@ def test_phase0_figures(judged):
 
 
 def _sleepy(ws: Workspace, name: str) -> str:
-    """Stock with a 20 ms sleep in every decode step: a real per-step cost, output unchanged."""
+    """Stock with a 100 ms sleep in every decode step (a step is 30-90 ms on one core): a real per-step cost, output unchanged."""
     return _candidate(ws, name, lambda t: _replace(t / GENERATE, "        chain: list[int] = []\n",
-                                                   "        chain: list[int] = []\n        __import__('time').sleep(0.02)\n"))  # fmt: skip
+                                                   "        chain: list[int] = []\n        __import__('time').sleep(0.1)\n"))  # fmt: skip
 
 
 def test_removing_a_per_step_cost_is_approved(judged):
