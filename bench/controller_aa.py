@@ -65,13 +65,19 @@ def main() -> None:
         ev = controller.compare(dep, home, "stock", "cand/aa-copy")
         rows.append({"gain": ev.gain, "lower_bound": ev.lower_bound, "approved": ev.approved,
                      "threshold": ev.threshold, "seconds": time.monotonic() - t, "unit": ev.unit,
-                     "n": ev.evidence.get("n"), "log_sd": ev.evidence.get("log_sd"), "verdict": ev.verdict_id})  # fmt: skip
+                     "n": ev.evidence.get("n"), "log_sd": ev.evidence.get("log_sd"), "verdict": ev.verdict_id,
+                     "measurement": [r for r in ev.reasons if r.startswith("measurement")],
+                     "within_sd": math.sqrt(ev.evidence.get("within_var") or math.nan)})  # fmt: skip
         print(f"{i + 1:3d}: gain {ev.gain:.4f} lower bound {ev.lower_bound:.4f} bar {ev.threshold:.2%} "
-              f"{'APPROVED' if ev.approved else 'rejected'} ({rows[-1]['seconds']:.0f}s)")  # fmt: skip
+              f"{'APPROVED' if ev.approved else 'rejected'} ({rows[-1]['seconds']:.0f}s) "
+              f"{'; '.join(rows[-1]['measurement'])}")  # fmt: skip
     sd = statistics.median(r["log_sd"] for r in rows)
     n = rows[0]["n"]
     summary = {
         "deployment": dep.name, "comparisons": len(rows), "approved": sum(r["approved"] for r in rows),
+        "no_verdict_measurement": sum(bool(r["measurement"]) for r in rows),
+        "lower_bound_over_bar": sum(r["lower_bound"] > 1 + r["threshold"] for r in rows),
+        "stock_within_sd": math.sqrt(noise.get("within_var", math.nan)),
         "sigma": noise["sigma"], "bar": rows[0]["threshold"], "unit": rows[0]["unit"], "n": n,
         "median_gain": statistics.median(r["gain"] for r in rows),
         "max_lower_bound": max(r["lower_bound"] for r in rows),

@@ -20,12 +20,15 @@ from specpilot.memory_store import connect, records
 from .engine import Request, SystemFailed, adapter_for
 from .forcing import AuditResult, audit
 from .integrity import check_digest
-from .paired import paired_run
+from .paired import PairedRun, paired_run
 from .slots import Slot, lease
-from .stats import decide, noise_sigma, paired_stats
+from .stats import decide, noise_sigma, noisier_than_stock, paired_stats, within_request_spread
 from .systems import ENGINE_PROTECTED, CandidateRefused, SystemTree, apply_candidate, checkout
 
 Progress = Callable[[str], None]
+
+# A comparison whose within-request spread exceeds stock's A/A spread at this p-value gets no verdict.
+NOISE_P = 0.01
 
 
 @dataclass
@@ -101,10 +104,17 @@ def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev
         records.fail_run(db, run_id, f"{e}\n{e.log_tail}")
         raise SpecPilotError(f"stock failed during the noise run: {e} (log: {raw.with_suffix('')})") from None
     res = paired_stats(run.blocks)
+    within_var, within_df = within_request_spread(run.blocks)
     figures = {"sigma": noise_sigma(res), "gain": res.gain, "lower_bound": res.lower_bound, "unit": res.unit,
                "n": res.n, "block_gains": res.block_gains, "run_id": run_id, "tree": stock.tree,
-               "violations": run.violations}  # fmt: skip
+               "within_var": within_var, "within_df": within_df, "violations": run.violations,
+               "disturbances": run.disturbances}  # fmt: skip
     records.finish_run(db, run_id, summary=figures, raw_path=str(raw))
+    if run.disturbances:
+        raise SpecPilotError(
+            f"the stock noise run was disturbed ({run.disturbances[0]}), so its σ was not stored; stop what "
+            f"else runs on the slots' cores and rerun `specpilot controller noise --deployment {dep.name}`"
+        )
     records.set_state(db, dep.name, "noise", figures)
     records.set_state(db, dep.name, "controller_digest", digest)
     return figures
@@ -157,7 +167,7 @@ def compare(
                           0.0, "requests", [reason], {"log_tail": f.error.log_tail})  # fmt: skip
     res = paired_stats(run.blocks)
     changed = run.changes_output()
-    extra = [f"integrity: {v}" for v in run.violations]
+    extra = [f"integrity: {v}" for v in run.violations] + _measurement_reasons(run, noise)
     audit_summary: dict[str, Any] | None = None
     if audit_output:
         progress("token-forcing audit")
@@ -168,7 +178,8 @@ def compare(
                      output_change_gain=dep.controller.output_change_gain, extra_reasons=extra)  # fmt: skip
     evidence = {
         "block_gains": res.block_gains, "n": res.n, "log_sd": res.log_sd, "notes": verdict.notes,
-        "changed_requests": changed, "violations": run.violations, "requests": len(reqs),
+        "changed_requests": changed, "violations": run.violations, "disturbances": run.disturbances,
+        "within_var": within_request_spread(run.blocks)[0], "requests": len(reqs),
         "warmup": dep.controller.warmup_requests, "raw": str(raw), "audit": audit_summary,
         "noise_run": noise.get("run_id"),
     }  # fmt: skip
@@ -179,6 +190,20 @@ def compare(
                               evidence)  # fmt: skip
     return Evaluation(vid, run_id, dep.name, baseline.tree, candidate.tree, verdict.approved, bool(changed),
                       res.gain, res.lower_bound, sigma, verdict.threshold, res.unit, verdict.reasons, evidence)  # fmt: skip
+
+
+def _measurement_reasons(run: PairedRun, noise: dict[str, Any]) -> list[str]:
+    """Why this measurement cannot carry a verdict: other load on the slots, or a spread stock never shows."""
+    reasons = [f"measurement disturbed: {d}; rerun on a quiet machine" for d in run.disturbances]
+    var, df = within_request_spread(run.blocks)
+    stock_var, stock_df = noise.get("within_var", math.nan), int(noise.get("within_df", 0))
+    p = noisier_than_stock(var, df, stock_var, stock_df)
+    if p < NOISE_P:
+        reasons.append(
+            f"measurement too noisy: the same requests vary {math.sqrt(var):.1%} between blocks against "
+            f"{math.sqrt(stock_var):.1%} in stock's A/A run (F-test p = {p:.1e}); rerun on a quiet machine"
+        )
+    return reasons
 
 
 class _Failed(Exception):
@@ -226,7 +251,8 @@ def quick_compare(dep: Deployment, home: Home, baseline_rev: str, candidate_rev:
         return {"failed": str(f.error), "log_tail": f.error.log_tail, "run_id": f.run_id}
     res = paired_stats(run.blocks)
     out = {"gain": res.gain, "lower_bound": res.lower_bound, "unit": res.unit, "n": res.n,
-           "changed_requests": run.changes_output(), "violations": run.violations, "run_id": run_id,
+           "changed_requests": run.changes_output(), "violations": run.violations,
+           "disturbances": run.disturbances, "run_id": run_id,
            "candidate_tree": candidate.tree, "note": "not a verdict: approval happens only in the round"}  # fmt: skip
     records.finish_run(db, run_id, summary={"quick": True, **out})
     return out

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .engine import EngineAdapter, Request, RequestResult, SystemFailed
+from .load import FOREIGN_SHARE_LIMIT, core_times, foreign_load
 from .slots import Slot
 from .stats import RequestSpeeds
 from .systems import SystemTree
@@ -30,13 +32,15 @@ class PeriodResult:
     results: dict[str, dict[str, RequestResult]]  # system label -> request id -> result
     slots: dict[str, Slot]  # system label -> slot
     usage: dict[str, dict]  # system label -> cpu/wall/cores
+    load: dict[str, dict] = field(default_factory=dict)  # system label -> its CPU core's foreign load
 
 
 @dataclass
 class PairedRun:
     blocks: list[list[RequestSpeeds]] = field(default_factory=list)
     outputs: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # label -> id -> tokens
-    violations: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)  # what the systems did that they must not
+    disturbances: list[str] = field(default_factory=list)  # what else ran on the slots meanwhile
     periods: int = 0
 
     def changes_output(self) -> list[str]:
@@ -77,6 +81,9 @@ def run_period(
         start = threading.Barrier(len(systems))
         threads = [threading.Thread(target=_drive, args=(systems[lb], requests, results[lb], errors, start))
                    for lb in systems]  # fmt: skip
+        cores = {label: slots[label].index for label in systems if slots[label].kind == "cpu"}
+        t0, cores0 = time.perf_counter(), core_times(list(cores.values()))
+        own0 = {label: systems[label].usage()["cpu_s"] for label in cores}
         for t in threads:
             t.start()
         for t in threads:
@@ -84,7 +91,10 @@ def run_period(
         if errors:
             raise errors[0]
         usage = {label: s.usage() for label, s in systems.items()}
-        return PeriodResult(results, dict(slots), usage)
+        wall, cores1 = time.perf_counter() - t0, core_times(list(cores.values()))
+        load = {label: foreign_load(cores0[c], cores1[c], usage[label]["cpu_s"] - own0[label], wall)
+                for label, c in cores.items() if c in cores0 and c in cores1}  # fmt: skip
+        return PeriodResult(results, dict(slots), usage, load)
     finally:
         for system in systems.values():
             system.stop()
@@ -102,6 +112,17 @@ def _check_usage(period: PeriodResult) -> list[str]:
         if u["wall_s"] > 5 and u["cpu_s"] > CPU_SHARE_LIMIT * u["wall_s"]:
             found.append(f"system {label} used {u['cpu_s']:.1f} CPU-s in {u['wall_s']:.1f} s on one core")
     return found
+
+
+def _check_load(period: PeriodResult) -> list[str]:
+    """A slot whose core spent more than the limit on anything but its system disturbed the period."""
+    return [
+        f"other load on {period.slots[label]}: {ld['foreign_s']:.1f} of {ld['wall_s']:.1f} s "
+        f"({ld['foreign_share']:.0%}, {ld['steal_s']:.1f} s stolen by the hypervisor) went to something "
+        f"besides system {label}"
+        for label, ld in period.load.items()
+        if ld["foreign_share"] > FOREIGN_SHARE_LIMIT
+    ]
 
 
 def paired_run(
@@ -138,6 +159,7 @@ def paired_run(
                 )
                 period = run_period(adapter, trees, arrangement, requests, logs, f"b{b}p{p}")
                 run.violations += _check_usage(period)
+                run.disturbances += _check_load(period)
                 run.periods += 1
                 for label, res in period.results.items():
                     for req in requests:
@@ -147,6 +169,7 @@ def paired_run(
                             "slot": str(arrangement[label]), "id": r.id, "warmup": req not in measured,
                             "t_send": r.t_send, "t_done": r.t_done, "arrivals": r.arrivals,
                             "tokens": r.tokens, "claims": r.claims, "usage": period.usage[label],
+                            "load": period.load.get(label),
                         }) + "\n")  # fmt: skip
                 fh.flush()
                 periods.append(period)

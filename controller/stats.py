@@ -88,6 +88,27 @@ def noise_sigma(aa: PairedStats) -> float:
     return math.expm1(aa.log_sd / math.sqrt(aa.n)) if aa.n > 1 else 0.0
 
 
+def within_request_spread(blocks: Sequence[Sequence[RequestSpeeds]]) -> tuple[float, int]:
+    """Variance of each request's log ratio across blocks around its own mean, and its degrees of freedom.
+
+    The same request measured in different blocks differs only by measurement noise: a candidate
+    that helps some requests more than others does not widen it, a disturbed period does.
+    """
+    if len(blocks) < 2:
+        return math.nan, 0
+    d = np.array([[r.log_ratio() for r in b] for b in blocks])  # blocks x requests
+    resid = d - d.mean(axis=0)
+    df = d.shape[1] * (d.shape[0] - 1)
+    return float((resid**2).sum() / df), df
+
+
+def noisier_than_stock(var: float, df: int, stock_var: float, stock_df: int) -> float:
+    """One-sided F-test p-value that a comparison's within-request spread exceeds stock's A/A spread."""
+    if df < 1 or stock_df < 1 or not stock_var > 0:
+        return 1.0
+    return float(stats.f.sf(var / stock_var, df, stock_df))
+
+
 @dataclass(frozen=True)
 class Verdict:
     approved: bool

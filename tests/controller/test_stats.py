@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from specpilot.controller.stats import PairedStats, RequestSpeeds, decide, noise_sigma, paired_stats
+from specpilot.controller.stats import (
+    PairedStats,
+    RequestSpeeds,
+    decide,
+    noise_sigma,
+    noisier_than_stock,
+    paired_stats,
+    within_request_spread,
+)
 
 
 def test_log_ratio_by_hand():
@@ -92,3 +100,33 @@ def test_decide_flags_implausible_gains_and_keeps_extra_reasons():
     assert not v.approved and "implausibly large" in v.reasons[0]
     v = decide(_ps(1.2, 1.1), sigma=0.0, changes_output=False, extra_reasons=["audit: mismatch rate"])
     assert not v.approved and v.reasons == ["audit: mismatch rate"]
+
+
+def _speeds(d: float) -> RequestSpeeds:
+    """A request whose swap-averaged log ratio is exactly d (B sped up by e^d on both slots)."""
+    return RequestSpeeds(a_s0=10.0, a_s1=20.0, b_s0=10.0 * math.exp(d), b_s1=20.0 * math.exp(d))
+
+
+def test_within_request_spread_by_hand():
+    # Request 1: 0.01, 0.03 (mean 0.02); request 2: 0.10, 0.10. Residuals ±0.01, 0, 0: var = 2e-4 / 2.
+    blocks = [[_speeds(0.01), _speeds(0.10)], [_speeds(0.03), _speeds(0.10)]]
+    var, df = within_request_spread(blocks)
+    assert df == 2 and var == pytest.approx(1e-4, abs=1e-12)
+    assert math.isnan(within_request_spread(blocks[:1])[0]) and within_request_spread(blocks[:1])[1] == 0
+
+
+def test_within_request_spread_ignores_uneven_gains_across_requests():
+    """A candidate that helps one request far more than another is not noisy; a shifted block is."""
+    even = [[_speeds(0.0), _speeds(0.5)], [_speeds(0.0), _speeds(0.5)]]
+    assert within_request_spread(even)[0] == pytest.approx(0.0, abs=1e-20)
+    shifted = [[_speeds(0.0), _speeds(0.5)], [_speeds(0.2), _speeds(0.7)]]
+    assert within_request_spread(shifted)[0] == pytest.approx(0.01 * 4 / 2, abs=1e-12)
+
+
+def test_noisier_than_stock_is_the_one_sided_f_test():
+    assert noisier_than_stock(4e-4, 6, 1e-4, 8) == pytest.approx(sps.f.sf(4.0, 6, 8), rel=1e-12)
+    assert noisier_than_stock(1e-4, 6, 1e-4, 8) > 0.4
+    assert noisier_than_stock(1e-2, 6, 1e-4, 8) < 1e-3
+    # Nothing to compare against (no A/A spread stored, or one block): no objection.
+    assert noisier_than_stock(1e-2, 6, math.nan, 0) == 1.0
+    assert noisier_than_stock(math.nan, 0, 1e-4, 8) == 1.0

@@ -1,0 +1,53 @@
+"""Other load on a CPU slot's core while a period is measured.
+
+A one-core slot is only a fair place to measure when the system on it has the core to itself. From
+the kernel's per-core counters (/proc/stat) we take what the core spent busy during the measured
+window, subtract the CPU time of the system pinned there, and call the rest foreign: other
+processes (a build, a test run, the controller's own threads) and time the hypervisor stole.
+A period whose foreign share passes `FOREIGN_SHARE_LIMIT` on any slot is disturbed and its
+comparison gets no verdict (evaluate.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# A slot's core may spend this share of the measured window on anything but its system.
+FOREIGN_SHARE_LIMIT = 0.10
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class CoreTimes:
+    busy_s: float  # user + nice + system + irq + softirq + steal
+    steal_s: float
+
+
+def core_times(cores: list[int], stat: Path = Path("/proc/stat")) -> dict[int, CoreTimes]:
+    """Cumulative busy and stolen seconds of each core in `cores` (absent cores are left out)."""
+    out = {}
+    for line in stat.read_text().splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        core = int(name[3:])
+        if core in cores:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+            out[core] = CoreTimes((user + nice + system + irq + softirq + steal) / _TICK, steal / _TICK)
+    return out
+
+
+def foreign_load(before: CoreTimes, after: CoreTimes, own_cpu_s: float, wall_s: float) -> dict[str, float]:
+    """What a core did besides its system during a window of `wall_s` seconds."""
+    busy = after.busy_s - before.busy_s
+    foreign = max(0.0, busy - own_cpu_s)
+    return {
+        "wall_s": wall_s,
+        "busy_s": busy,
+        "own_s": own_cpu_s,
+        "foreign_s": foreign,
+        "steal_s": after.steal_s - before.steal_s,
+        "foreign_share": foreign / wall_s if wall_s > 0 else 0.0,
+    }
