@@ -15,6 +15,8 @@ import torch
 from .exact import err_factor, exact_logits, resolve_argmax
 from .quant import QuantizedHead
 
+# Programs per hidden row of the rescoring kernel (each strides over the row's survivors).
+RESCORE_PROGRAMS = 128
 # Flags written by the final kernel, one per hidden row.
 OK, OVERFLOW, UNSURE, NONFINITE = 0, 1, 2, 3
 
@@ -47,11 +49,16 @@ class Buffers:
     idx: torch.Tensor
     z: torch.Tensor
     err: torch.Tensor
-    arg: torch.Tensor
-    flag: torch.Tensor
+    out: torch.Tensor  # int64 [2, M]: argmax, then flag; one device-to-host copy reads both
+    host: torch.Tensor  # its host copy (pinned memory when the head is on a GPU)
     graph: object | None = None
     x_static: torch.Tensor | None = None
     extra: dict = field(default_factory=dict)
+
+
+# Tiles of the bounds kernel by the largest M they serve, measured on an H200 (the tile sweep of
+# `bench/certified_head.py gpu --sweep`, docs/BENCHMARKS.md); other GPUs run them correctly too.
+TUNED = {16: KernelConfig(64, 256, 4, 4), 64: KernelConfig(128, 256, 4, 3)}
 
 
 def _p2(n: int) -> int:
@@ -64,7 +71,7 @@ class TritonHead:
     def __init__(
         self,
         head: QuantizedHead,
-        cap: int = 512,
+        cap: int = 4096,
         config: KernelConfig | None = None,
         configs: dict[int, KernelConfig] | None = None,
     ):
@@ -76,7 +83,8 @@ class TritonHead:
         self.head = head
         self.cap = _p2(cap)
         self.config = config or KernelConfig()
-        self.configs = dict(configs or {})
+        # An explicit `config` serves every M; otherwise `configs`, or the measured table.
+        self.configs = dict(configs) if configs is not None else {} if config else dict(TUNED)
         self._bufs: dict[int, Buffers] = {}
 
     def config_for(self, M: int) -> KernelConfig:
@@ -105,8 +113,8 @@ class TritonHead:
                 idx=torch.zeros((M, self.cap), dtype=torch.int32, device=dev),
                 z=torch.empty((M, self.cap), **f64),
                 err=torch.empty((M, self.cap), **f64),
-                arg=torch.empty(M, dtype=torch.int64, device=dev),
-                flag=torch.empty(M, dtype=torch.int32, device=dev),
+                out=torch.empty((2, M), dtype=torch.int64, device=dev),
+                host=torch.empty((2, M), dtype=torch.int64, pin_memory=self.head.q.is_cuda),
             )
         return self._bufs[M]
 
@@ -140,11 +148,12 @@ class TritonHead:
         )
         # Few survivors per CTA and wide K steps: the rescoring is latency-bound, not byte-bound.
         bs = 4
-        k.rescore_kernel[(self.cap // bs, M)](
+        k.rescore_kernel[(min(self.cap // bs, RESCORE_PROGRAMS), M)](
             hd.weight, x, b.idx, b.cnt, b.z, b.err, H, hd.weight.stride(0), x.stride(0), self.cap,
             err_factor(H), BS=bs, BKR=1024,
         )  # fmt: skip
-        k.final_kernel[(M,)](b.z, b.err, b.idx, b.cnt, b.nrm, b.arg, b.flag, self.cap, CAP_P2=self.cap)
+        k.final_kernel[(M,)](b.z, b.err, b.idx, b.cnt, b.nrm, b.out, M, self.cap, CAP_P2=self.cap,
+                             num_warps=max(4, min(16, self.cap // 256)))  # fmt: skip
 
     def capture(self, M: int, dtype: torch.dtype) -> Buffers:
         """Record the five launches for M rows in a CUDA graph (one replay per call afterwards)."""
@@ -160,8 +169,13 @@ class TritonHead:
             b.graph = graph
         return b
 
-    def run(self, x: torch.Tensor, use_graph: bool = False) -> tuple[torch.Tensor, torch.Tensor, Buffers]:
-        """(argmax [M] int64, survivors [M] int64) on the device; resolves flagged rows exactly."""
+    def run(
+        self, x: torch.Tensor, use_graph: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, Buffers, torch.Tensor]:
+        """(argmax [M] int64 and survivors [M] int64 on the device, buffers, argmax on the host).
+
+        One synchronization: the argmax and the flags come back in one copy; flagged rows are
+        resolved exactly on the host."""
         x = x.contiguous()
         M = x.shape[0]
         if use_graph and x.is_cuda:
@@ -172,13 +186,18 @@ class TritonHead:
         else:
             b = self.buffers(M)
             self.launch(x, b)
-        flags = b.flag.cpu()
-        arg, cnt = b.arg, b.cnt
-        if bool(flags.any()):
+        b.host.copy_(b.out, non_blocking=True)
+        if b.out.is_cuda:
+            torch.cuda.current_stream(b.out.device).synchronize()
+        host_arg, flags = b.host[0].clone(), b.host[1].tolist()
+        arg, cnt = b.out[0], b.cnt
+        if any(flags):
             arg, cnt = arg.clone(), cnt.clone()
-            for m in flags.nonzero().flatten().tolist():
-                arg[m], cnt[m] = self._resolve_row(x, b, m, int(flags[m]))
-        return arg, cnt, b
+            for m, flag in enumerate(flags):
+                if flag:
+                    arg[m], cnt[m] = self._resolve_row(x, b, m, flag)
+                    host_arg[m] = arg[m]
+        return arg, cnt, b, host_arg
 
     def survivors(self, b: Buffers, m: int) -> torch.Tensor:
         """The survivor indices of row m (from the list, or recomputed when it overflowed)."""

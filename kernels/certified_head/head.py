@@ -32,8 +32,9 @@ MAX_ROWS = 64
 class CertifiedResult:
     """argmax and survivor counts shaped like the hidden states' leading dims."""
 
-    argmax: torch.Tensor  # int64
+    argmax: torch.Tensor  # int64, on the hidden states' device
     n_survivors: torch.Tensor  # int64
+    host_argmax: torch.Tensor | None = None  # the same on the CPU (the Triton path's one synchronization)
     survivors: list[torch.Tensor] | None = None  # per flattened row: survivor indices (int64)
     logits: list[torch.Tensor] | None = None  # per flattened row: float64 rescored logits of the survivors
 
@@ -53,7 +54,7 @@ class CertifiedHead:
         weight: torch.Tensor,
         backend: str = "auto",
         cpu_method: str = "auto",
-        cap: int = 512,
+        cap: int = 4096,
         configs: dict | None = None,
         quant: QuantizedHead | None = None,
     ):
@@ -112,16 +113,18 @@ class CertifiedHead:
         lead = hidden.shape[:-1]
         x = self._rows(hidden)
         if self.backend == "triton":
-            args, cnts, survs = [], [], []
+            args, cnts, hosts, survs = [], [], [], []
             # The kernels' tiles are sized for up to MAX_ROWS rows (shared memory); more go in pieces.
             for lo in range(0, x.shape[0], MAX_ROWS):
-                arg, cnt, b = self._triton.run(x[lo : lo + MAX_ROWS], use_graph=use_graph)
+                arg, cnt, b, host = self._triton.run(x[lo : lo + MAX_ROWS], use_graph=use_graph)
                 args.append(arg)
                 cnts.append(cnt)
+                hosts.append(host)
                 if return_logits:
                     survs += [self._triton.survivors(b, m) for m in range(b.M)]
             arg, cnt = (args[0], cnts[0]) if len(args) == 1 else (torch.cat(args), torch.cat(cnts))
-            res = CertifiedResult(arg.reshape(lead), cnt.reshape(lead))
+            host = hosts[0] if len(hosts) == 1 else torch.cat(hosts)
+            res = CertifiedResult(arg.reshape(lead), cnt.reshape(lead), host.reshape(lead))
             if return_logits:
                 res.survivors = survs
                 res.logits = [exact_logits(self.weight, x[m : m + 1], s)[0][0] for m, s in enumerate(survs)]
@@ -141,10 +144,8 @@ class CertifiedHead:
             counts.append(rows.numel())
             survs.append(rows)
             logits.append(z_all[m, sel])
-        res = CertifiedResult(
-            torch.tensor(args, dtype=torch.int64).reshape(lead),
-            torch.tensor(counts, dtype=torch.int64).reshape(lead),
-        )
+        arg = torch.tensor(args, dtype=torch.int64).reshape(lead)
+        res = CertifiedResult(arg, torch.tensor(counts, dtype=torch.int64).reshape(lead), arg)
         if return_logits:
             res.survivors, res.logits = survs, logits
         return res

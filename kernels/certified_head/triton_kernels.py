@@ -5,7 +5,7 @@ Pipeline for M hidden rows (launched by `gpu.py`):
   bounds (grid V / BN)       int8 x int8 -> int32 dots over the int8 head; writes upper [M, V] and
                              the max lower bound of each block [M, NB]
   select (grid V/CHUNK x M)  L_m = max lower; appends every v with upper >= L_m to a survivor list
-  rescore(grid CAP/BS x M)   float64 dot of each survivor's original row with h, and its bound
+  rescore(grid P x M)        float64 dot of each survivor's original row with h, and its bound
   final  (grid M)            float64 leader (smallest index on ties); flags a row whose leader is
                              not separated from every other survivor (host resolves it exactly),
                              whose list overflowed, or whose hidden state is not finite
@@ -167,10 +167,10 @@ def rescore_kernel(
     W, X, IDX, CNT, Z, ERR, H, stride_wv, stride_xm, CAP, err_factor,
     BS: tl.constexpr, BKR: tl.constexpr,
 ):  # fmt: skip
-    j0 = tl.program_id(0) * BS
     m = tl.program_id(1)
     cnt = tl.minimum(tl.load(CNT + m), CAP)
-    if j0 < cnt:
+    # A fixed grid strides over however many survivors the row has (unknown when launched).
+    for j0 in range(tl.program_id(0) * BS, cnt, tl.num_programs(0) * BS):
         offs_j = j0 + tl.arange(0, BS)
         jm = offs_j < cnt
         rows = tl.load(IDX + m * CAP + offs_j, mask=jm, other=0).to(tl.int64)
@@ -191,7 +191,8 @@ def rescore_kernel(
 
 
 @triton.jit
-def final_kernel(Z, ERR, IDX, CNT, NRM, ARG, FLAG, CAP, CAP_P2: tl.constexpr):
+def final_kernel(Z, ERR, IDX, CNT, NRM, OUT, M, CAP, CAP_P2: tl.constexpr):
+    """OUT[0, m] = the leader of row m, OUT[1, m] = its flag."""
     m = tl.program_id(0)
     raw = tl.load(CNT + m)
     cnt = tl.minimum(raw, CAP)
@@ -209,5 +210,5 @@ def final_kernel(Z, ERR, IDX, CNT, NRM, ARG, FLAG, CAP, CAP_P2: tl.constexpr):
     hn = tl.load(NRM + 2 * m)
     flag = tl.where((raw > CAP) | (raw == 0), 1, tl.where(unsure, 2, 0))
     flag = tl.where(hn < float("inf"), flag, 3)
-    tl.store(ARG + m, best.to(tl.int64))
-    tl.store(FLAG + m, flag)
+    tl.store(OUT + m, best.to(tl.int64))
+    tl.store(OUT + M + m, flag.to(tl.int64))

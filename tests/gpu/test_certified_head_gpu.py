@@ -41,8 +41,21 @@ def test_argmax_identical_and_bounds_sound(M):
     for h in (realistic_hidden(W, M, gen), hostile_hidden(M, H, gen).to(torch.bfloat16)):
         ref = exact_argmax(W, h)
         assert torch.equal(head.argmax(h).argmax, ref)
-        assert torch.equal(head.argmax(h, use_graph=True).argmax, ref)
+        res = head.argmax(h, use_graph=True)
+        assert torch.equal(res.argmax, ref) and torch.equal(res.host_argmax, ref.cpu())
         assert _sound(head, W, h)
+
+
+def test_a_row_past_its_survivor_slots_is_resolved_exactly():
+    """Eight slots for isotropic hidden states (hundreds of survivors): every row overflows and
+    goes to the exact fallback; the device argmax and the host copy both come back right."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    W = realistic_head(30000, H, gen, torch.bfloat16)
+    h = (torch.randn(4, H, generator=gen, device="cuda") * 0.01).to(torch.bfloat16)
+    res = CertifiedHead(W, cap=8).argmax(h, use_graph=True)
+    ref = exact_argmax(W, h)
+    assert bool((res.n_survivors > 8).all()), res.n_survivors
+    assert torch.equal(res.argmax, ref) and torch.equal(res.host_argmax, ref.cpu())
 
 
 def test_hostile_rows_and_adversarial_near_ties():
