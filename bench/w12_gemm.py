@@ -1,7 +1,6 @@
 """W12 GEMM vs cuBLAS (torch.nn.functional.linear) at decode sizes on one GPU.
 
     PYTHONPATH=. python bench/w12_gemm.py --phase sweep --out DIR   # configs x shapes x M
-    PYTHONPATH=. python bench/w12_gemm.py --phase gemv --ms 1 --out DIR  # the CUDA-core decode kernel
     PYTHONPATH=. python bench/w12_gemm.py --phase final --out DIR   # the shipped configs
 
 Times are medians of triton.testing.do_bench (L2 flushed before every call) over R rotating
@@ -87,18 +86,6 @@ def candidates(n: int, k: int, m: int) -> list[GemmConfig]:
     return out
 
 
-def gemv_candidates(n: int, k: int) -> list[GemmConfig]:
-    """The CUDA-core decode kernel (M = 1): row blocks of 32..128, K splits that give about 2, 4
-    or 8 programs per SM, a few warp counts, pipelined (3) or not (1)."""
-    kt = -(-k // 64)
-    out = []
-    for bn, warps in ((32, (1, 2)), (64, (2, 4)), (128, (4, 8))):
-        blocks = -(-n // bn)
-        splits = sorted({max(1, min(kt // 4, round(per * 132 / blocks))) for per in (2, 4, 8)})
-        out += [GemmConfig(bn, s, w, st, gemv=True) for s in splits for w in warps for st in (1, 3)]
-    return out
-
-
 def _compile_chunk(chunk) -> int:
     """Worker: run each (config, M, qpass, use_asm) once on a small matrix (same specialization)."""
     torch.cuda.set_device(0)
@@ -178,8 +165,6 @@ def bench_case(case: Case, ms, phase: str, log) -> list[dict]:
         if phase == "sweep":
             pool = best_by_bm.get(min(block_m(m), 32))  # M <= 16 reuse M=1's ranking, M > 16 M=32's
             cfgs = candidates(case.n, case.k, m) if pool is None else [c for _, c in pool[:4]]
-        elif phase == "gemv":  # the decode kernel's sweep against the shipped config
-            cfgs = [default_config(case.n, case.k, m), *gemv_candidates(case.n, case.k)]
         else:
             cfgs = [default_config(case.n, case.k, m)]
         results = []
@@ -230,7 +215,7 @@ def copy_bandwidth() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--phase", choices=("sweep", "gemv", "final"), default="final")
+    ap.add_argument("--phase", choices=("sweep", "final"), default="final")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))

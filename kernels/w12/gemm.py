@@ -27,11 +27,9 @@ class GemmConfig:
     rpi: int = 1
     xa: bool = False
     maxnreg: int = 0  # a register cap (0: none): more resident programs, if nothing spills
-    gemv: bool = False  # CUDA cores, one x row per program, no dot (decode: M = 1)
 
     def __post_init__(self):
-        # W as operand A needs 64-row wgmma tiles; the others take any block dividing a record's 128 rows
-        bns = (16, 32, 64, 128) if self.xa or self.gemv else (64, 128)
+        bns = (16, 32, 64, 128) if self.xa else (64, 128)  # W as operand A needs 64-row wgmma tiles
         if self.block_n not in bns or self.split < 1 or self.rpi not in (1, 2):
             raise W12FormatError(f"bad W12 GemmConfig {self}: block_n in {bns}, split >= 1, rpi 1 or 2")
 
@@ -143,14 +141,14 @@ def w12_matmul(
     if bias is not None and (bias.shape != (n,) or bias.device != x.device):
         raise W12FormatError(f"bias must be [{n}] on {x.device}, got {tuple(bias.shape)} on {bias.device}")
     args = (t.exps, t.esc_ptr, t.esc_col, t.esc_bits, t.exps if bias is None else bias)
-    if cfg.gemv:
-        gk.w12_gemv_kernel[(grid[0], split, m)](
-            t.records, x2, out, part, *args, m, n, k, kt, ksplit, x2.stride(0), out.stride(0),
-            BN=cfg.block_n, FINISH=split == 1, HAS_BIAS=bias is not None, QPASS=qpass, USE_ASM=use_asm,
-            NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
-        )  # fmt: skip
-    else:
-        _dot_kernel(gk, grid, t, x2, out, part, args, m, n, k, kt, ksplit, bm, cfg, bias, qpass, use_asm)
+    gk.w12_gemm_kernel[grid](
+        t.records, x2, out, part, *args,
+        m, n, k, kt, ksplit, x2.stride(0), out.stride(0),
+        BN=cfg.block_n, BM=bm, FINISH=split == 1, HAS_BIAS=bias is not None, QPASS=qpass, USE_ASM=use_asm, NUM_STAGES=cfg.num_stages, DOT_F32=interpreting(),
+        XA=cfg.xa, RPI=cfg.rpi,
+        num_warps=cfg.num_warps,
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}),
+    )  # fmt: skip
     if split > 1:
         rbn = 128
         gk.w12_reduce_kernel[(-(-n // rbn), -(-m // bm))](
@@ -169,17 +167,6 @@ def w12_matmul(
             num_warps=4,
         )
     return out.reshape(*lead, n)
-
-
-def _dot_kernel(gk, grid, t, x2, out, part, args, m, n, k, kt, ksplit, bm, cfg, bias, qpass, use_asm) -> None:
-    """Launch the tensor-core kernel (w12_gemm_kernel)."""
-    gk.w12_gemm_kernel[grid](
-        t.records, x2, out, part, *args,
-        m, n, k, kt, ksplit, x2.stride(0), out.stride(0),
-        BN=cfg.block_n, BM=bm, FINISH=grid[1] == 1, HAS_BIAS=bias is not None, QPASS=qpass, USE_ASM=use_asm,
-        NUM_STAGES=cfg.num_stages, DOT_F32=interpreting(), XA=cfg.xa, RPI=cfg.rpi, num_warps=cfg.num_warps,
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}),
-    )  # fmt: skip
 
 
 def record_bytes_read(t: W12Tensor, qpass: bool = False) -> int:

@@ -104,14 +104,6 @@ def rebuild(v, lo, HI: tl.constexpr, QPASS: tl.constexpr, USE_ASM: tl.constexpr)
 
     Returns bf16 [BN, 32], the weights scaled as described in format.py.
     """
-    a0, a1 = rebuild_pairs(v, lo, HI, QPASS, USE_ASM)
-    return _pairs_to_bf16(a0, a1)
-
-
-@triton.jit
-def rebuild_pairs(v, lo, HI: tl.constexpr, QPASS: tl.constexpr, USE_ASM: tl.constexpr):
-    """The rebuilt weights as bf16 pairs in int32 [BN, 8]: a0 holds columns (4j, 4j+1), a1 (4j+2, 4j+3),
-    the lower column in the low half."""
     if USE_ASM:
         if QPASS:
             a0, a1 = tl.inline_asm_elementwise(
@@ -128,7 +120,7 @@ def rebuild_pairs(v, lo, HI: tl.constexpr, QPASS: tl.constexpr, USE_ASM: tl.cons
     else:
         a0 = _lane(v, lo, 0, HI, QPASS) | (_lane(v, lo, 1, HI, QPASS) << 16)
         a1 = _lane(v, lo, 2, HI, QPASS) | (_lane(v, lo, 3, HI, QPASS) << 16)
-    return a0, a1
+    return _pairs_to_bf16(a0, a1)
 
 
 @triton.jit
@@ -324,84 +316,3 @@ def w12_reduce_kernel(
         acc += tl.load(ptr + s * M * N, mask=mask, other=0.0)
     e = tl.load(ptr + SPLIT * M * N, mask=mask, other=0.0)
     finish_tile(acc, e, n0, m0, M, N, out, stride_om, exps, bias, BN, BM, HAS_BIAS)
-
-
-@triton.jit
-def _fma_pairs(acc, a, x_lo, x_hi):
-    """acc + w_lo x_lo + w_hi x_hi for the bf16 pairs in a: a bf16 is the top half of its fp32."""
-    w_lo = (a << 16).to(tl.float32, bitcast=True)
-    w_hi = (a & -65536).to(tl.float32, bitcast=True)
-    return acc + w_lo * x_lo[None, :] + w_hi * x_hi[None, :]
-
-
-@triton.jit
-def _x4(xk, c4, K, k0):
-    """x at columns k0 + 4j + (0, 1, 2, 3), j = 0..7, as fp32 (0 past K)."""
-    k = k0 + c4
-    x0 = tl.load(xk + k, mask=k < K, other=0.0).to(tl.float32)
-    x1 = tl.load(xk + k + 1, mask=k + 1 < K, other=0.0).to(tl.float32)
-    x2 = tl.load(xk + k + 2, mask=k + 2 < K, other=0.0).to(tl.float32)
-    x3 = tl.load(xk + k + 3, mask=k + 3 < K, other=0.0).to(tl.float32)
-    return x0, x1, x2, x3
-
-
-# M and KSPLIT vary per call; see w12_gemm_kernel.
-@triton.jit(do_not_specialize=["M", "KSPLIT"])
-def w12_gemv_kernel(
-    rec, x, out, part, exps, esc_ptr, esc_col, esc_bits, bias,
-    M, N, K, KT, KSPLIT, stride_xm, stride_om,
-    BN: tl.constexpr, FINISH: tl.constexpr, HAS_BIAS: tl.constexpr, QPASS: tl.constexpr,
-    USE_ASM: tl.constexpr, NUM_STAGES: tl.constexpr,
-):  # fmt: skip
-    """Decode-size W12 GEMM on the CUDA cores: one x row per program, no tensor-core dot.
-
-    Each weight is rebuilt to its bf16 bits, widened to fp32 (a shift: a bf16 is the top half of
-    an fp32) and multiplied into an fp32 accumulator [BN, 8] lane by lane; the lanes are summed
-    once at the end, in a fixed order. The escapes, the exponent scaling and the K splits work as
-    in w12_gemm_kernel (same partial layout, same reduce kernel).
-    """
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    m = tl.program_id(2)
-    n0 = pid_n * BN
-    rows = tl.arange(0, BN)
-    words = tl.arange(0, 8)
-    chunk = (n0 % 128 + rows)[:, None] * 8 + words[None, :]
-    base = rec.to(tl.pointer_type(tl.int32)) + (n0 // 128).to(tl.int64) * KT * 3072
-    k_lo = split * KSPLIT
-    k_hi = tl.minimum(k_lo + KSPLIT, KT)
-    xk = x + m.to(tl.int64) * stride_xm
-    c4 = words * 4
-    acc = tl.zeros((BN, 8), dtype=tl.float32)
-    for kt in tl.range(k_lo, k_hi, num_stages=NUM_STAGES):
-        p = base + kt * 3072
-        v0 = tl.load(p + chunk)
-        v1 = tl.load(p + 1024 + chunk)
-        lo = v0 if QPASS else tl.load(p + 2048 + chunk)
-        x0, x1, x2, x3 = _x4(xk, c4, K, kt * 64)
-        a0, a1 = rebuild_pairs(v0, lo, False, QPASS, USE_ASM)
-        acc = _fma_pairs(acc, a0, x0, x1)
-        acc = _fma_pairs(acc, a1, x2, x3)
-        x0, x1, x2, x3 = _x4(xk, c4, K, kt * 64 + 32)
-        a0, a1 = rebuild_pairs(v1, lo, True, QPASS, USE_ASM)
-        acc = _fma_pairs(acc, a0, x0, x1)
-        acc = _fma_pairs(acc, a1, x2, x3)
-    y = tl.sum(acc, axis=1)  # [BN]
-    rr = n0 + rows
-    rmask = rr < N
-    # escape_sum works on 16-row blocks of x starting at row m; keep its first column.
-    first = (tl.arange(0, 16) == 0)[None, :]
-    if FINISH:
-        e = escape_sum(n0, m, M, N, x, stride_xm, esc_ptr, esc_col, esc_bits, BN, 16)
-        e = tl.sum(tl.where(first, e, 0.0), axis=1)
-        en = tl.load(exps + rr, mask=rmask, other=127).to(tl.int32)
-        y = y * (en << 23).to(tl.float32, bitcast=True) + e
-        if HAS_BIAS:
-            y += tl.load(bias + rr, mask=rmask, other=0.0).to(tl.float32)
-        tl.store(out + m * stride_om + rr, y.to(out.dtype.element_ty), mask=rmask)
-    else:
-        tl.store(part + split * M * N + m * N + rr, y, mask=rmask)
-        if split == 0:
-            e = escape_sum(n0, m, M, N, x, stride_xm, esc_ptr, esc_col, esc_bits, BN, 16)
-            e = tl.sum(tl.where(first, e, 0.0), axis=1)
-            tl.store(part + tl.num_programs(1) * M * N + m * N + rr, e, mask=rmask)

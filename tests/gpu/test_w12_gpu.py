@@ -68,9 +68,6 @@ VARIANTS = [
     GemmConfig(64, 2, 4, 3, rpi=1, xa=True),
     GemmConfig(128, 3, 8, 5, rpi=2, xa=True),
     GemmConfig(64, 1, 4, 3, rpi=1, xa=True, maxnreg=80),
-    GemmConfig(64, 3, 2, 3, gemv=True),
-    GemmConfig(128, 1, 4, 1, gemv=True),
-    GemmConfig(32, 2, 1, 3, gemv=True),
 ]
 
 
@@ -128,15 +125,3 @@ def test_dropin_on_gpu_runs_the_w12_gemm():
     convert_model(model, skip=())
     assert _rel(model(x), ref) < 1e-2
     assert default_config(3072, 1024, 4).block_n in (64, 128)
-
-
-@pytest.mark.parametrize("split", [1, 3])
-def test_gemv_with_a_ragged_k_and_a_bias(split):
-    """The CUDA-core kernel on K = 777 (a partial last record, x masked past K) and 1000 rows."""
-    w = _weights(1000, 777, seed=split)
-    t = encode(w)
-    x = torch.randn(2, 777, device=DEV).to(torch.bfloat16)
-    bias = torch.randn(1000, device=DEV).to(torch.bfloat16)
-    cfg = GemmConfig(32, split, 1, 3, gemv=True)
-    y32 = w12_matmul(x, t, config=cfg, out_dtype=torch.float32, bias=bias)
-    assert _rel(y32, exact_matmul_fp64(x, w) + bias.double()) < 1e-5
