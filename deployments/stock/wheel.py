@@ -21,13 +21,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
 from ..errors import SpecPilotError
+from ..pipwheel import pip_download_wheel
 
 LAUNCH_FILE = "specpilot-launch.toml"
 # The launch knobs of a stock SGLang system: speculative decoding as the deployment specifies it and
@@ -63,12 +62,6 @@ def _cached(downloads: Path, name: str, version: str) -> list[Path]:
     )
 
 
-def _pip_download(requirement: str, dest: Path, extra: list[str]) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-           *extra, requirement, "-d", str(dest)]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
 def fetch_pinned_wheel(requirement: str, downloads: Path) -> Path:
     """The wheel of `requirement` in `downloads`, fetched with `pip download --no-deps` on first use.
 
@@ -79,22 +72,9 @@ def fetch_pinned_wheel(requirement: str, downloads: Path) -> Path:
     found = _cached(downloads, name, version) if downloads.is_dir() else []
     if len(found) == 1:
         return found[0]
-    downloads.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=downloads, prefix=".pip-") as tmp:
-        extra = ["--no-index", "--find-links", str(downloads)] if found else []
-        proc = _pip_download(requirement, Path(tmp), extra)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or len(wheels) != 1:
-            err = proc.stderr.strip().splitlines()
-            raise SpecPilotError(
-                f"could not download the stock wheel {requirement} with `pip download --no-deps "
-                f"--only-binary=:all:` (it needs a package index): {err[-1] if err else 'no wheel'}; "
-                f"or copy the wheel into {downloads}/"
-            )
-        target = downloads / wheels[0].name
-        if not target.exists():
-            os.replace(wheels[0], target)  # same filesystem: the wheel appears whole or not at all
-    return target
+    offline = ("--no-index", "--find-links", str(downloads)) if found else ()
+    return pip_download_wheel(requirement, downloads, what=f"the stock wheel {requirement}",
+                              options=("--only-binary=:all:", *offline))  # fmt: skip
 
 
 def _tree_name(member: str) -> PurePosixPath | None:

