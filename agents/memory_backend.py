@@ -3,7 +3,7 @@
 The master proposes (a) applying a memory entry of this engine that the system lacks (its
 requirements come with it) and (b) retuning a knob of a variant registry to a tested value the
 system does not hold. It ranks them by the cost-model factor each attacks (largest first), then by
-the gain recorded for this deployment in the entry's evidence, then entries before retunes and
+the approved gain recorded for this deployment in the entry's evidence, then entries before retunes and
 small knob steps before large ones, and never repeats a direction already judged against the
 same system. The sub-agent applies the entry's deltas with `git apply`
 or edits the one knob line.
@@ -25,12 +25,15 @@ from .protocol import AgentError, ControllerTools, Direction, KnobChange, Patch,
 def _recorded_gain(
     entry: dict[str, Any], deployment: str, knob: str | None = None, value: Any = None
 ) -> float:
-    """The best gain this deployment recorded for the entry (or one knob value of it); 0 if none."""
+    """The best gain this deployment recorded for the entry (or one knob value of it); 0 if none.
+
+    A measurement the controller rejected is noise by its own standard and ranks nothing."""
     gains = [
         float(ev["gain"]) - 1.0
         for ev in entry.get("evidence", [])
         if ev.get("deployment") == deployment
         and "gain" in ev
+        and ev.get("approved") is not False
         and (knob is None or (ev.get("knob") == knob and ev.get("value") == value))
     ]
     return max(gains, default=0.0)
