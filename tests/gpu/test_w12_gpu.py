@@ -125,3 +125,41 @@ def test_dropin_on_gpu_runs_the_w12_gemm():
     convert_model(model, skip=())
     assert _rel(model(x), ref) < 1e-2
     assert default_config(3072, 1024, 4).block_n in (64, 128)
+
+
+WGMMA = [
+    GemmConfig(128, wgmma=True, num_stages=1, per_sm=3),
+    GemmConfig(64, wgmma=True, num_stages=2, per_sm=4),
+    GemmConfig(128, wgmma=True, num_stages=2, per_sm=1),
+    GemmConfig(64, wgmma=True, num_stages=1, per_sm=8),
+]
+
+
+@pytest.mark.parametrize("cfg", WGMMA)
+@pytest.mark.parametrize(("n", "k"), [(5120, 4160), (1000, 777)])
+@pytest.mark.parametrize("m", [1, 8, 13, 32, 64, 100])
+def test_wgmma_kernel_vs_fp64(cfg, n, k, m):
+    """The register-A kernel visits K in its own order inside a record: not the Triton kernel's
+    bits, but the same products summed in fp32 (fp64 tolerance), with escapes, ragged N and K;
+    (1000, 777) gives every program one record, so each row block adds 13 stream-K partials."""
+    w = _weights(n, k, seed=m)
+    t = encode(w)
+    x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+    ref = exact_matmul_fp64(x, w)
+    assert _rel(w12_matmul(x, t, config=cfg, out_dtype=torch.float32), ref) < 1e-5
+    assert _rel(w12_matmul(x, t, config=cfg), ref) < 1e-2
+    bias = torch.randn(n, device=DEV).to(torch.bfloat16)
+    yb = w12_matmul(x, t, config=cfg, bias=bias, out_dtype=torch.float32)
+    assert _rel(yb, ref + bias.double()) < 1e-5
+
+
+@pytest.mark.parametrize("cfg", WGMMA)
+def test_wgmma_same_bits_every_run(cfg):
+    w = _weights(4096, 5120)
+    t = encode(w)
+    x = torch.randn(32, 5120, device=DEV).to(torch.bfloat16)
+    first = w12_matmul(x, t, config=cfg).view(torch.int16).clone()
+    for _ in range(5):
+        out = torch.full_like(first, 12345)
+        out.copy_(w12_matmul(x, t, config=cfg).view(torch.int16))
+        assert torch.equal(out, first)
