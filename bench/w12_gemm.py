@@ -2,7 +2,6 @@
 
     PYTHONPATH=. python bench/w12_gemm.py --phase sweep --out DIR   # configs x shapes x M
     PYTHONPATH=. python bench/w12_gemm.py --phase final --out DIR   # the shipped configs
-    PYTHONPATH=. python bench/w12_gemm.py --phase wgmma --out DIR   # the Gluon register-A kernel
 
 Times are medians of triton.testing.do_bench (L2 flushed before every call) over R rotating
 copies of weights and activations (random data, never zeros), measured two ways: plain launches,
@@ -123,23 +122,6 @@ def precompile(jobs: int) -> None:
     print(f"precompiled {done} launches in {time.time() - t0:.0f} s")
 
 
-def precompile_wgmma(jobs: int, ms) -> None:
-    import multiprocessing as mp
-
-    from specpilot.kernels.w12.gemm import block_m_wgmma
-
-    keys = {}
-    for n, k in SHAPES.values():
-        for m in ms:
-            for c in wgmma_candidates(n, k, m):
-                keys.setdefault((c.block_n, c.num_stages, block_m_wgmma(m)), (c.__dict__, m))
-    chunks = [list(keys.values())[i::jobs] for i in range(jobs)]
-    t0 = time.time()
-    with mp.get_context("spawn").Pool(jobs) as pool:
-        done = sum(pool.map(_compile_wgmma, chunks))
-    print(f"precompiled {done} wgmma launches in {time.time() - t0:.0f} s")
-
-
 class Case:
     def __init__(self, name: str, n: int, k: int, rot: int):
         self.name, self.n, self.k = name, n, k
@@ -165,84 +147,6 @@ def check(case: Case, m: int, cfg: GemmConfig, x: torch.Tensor) -> dict:
         "asm_equals_plain": bool(torch.equal(y.view(torch.int16), plain.view(torch.int16))),
         "same_bits_again": bool(torch.equal(y.view(torch.int16), again.view(torch.int16))),
     }
-
-
-def wgmma_candidates(n: int, k: int, m: int) -> list[GemmConfig]:
-    """The register-A kernel (stream-K): 64/128-row blocks, 2..6 resident programs per SM, 1 or 2
-    records in flight per program."""
-    return [
-        GemmConfig(bn, wgmma=True, num_stages=depth, per_sm=per_sm)
-        for bn in (64, 128)
-        for per_sm in (2, 3, 4, 5, 6)
-        for depth in (1, 2)
-    ]
-
-
-def _compile_wgmma(chunk) -> int:
-    torch.cuda.set_device(0)
-    t = encode(weights(1024, 1024, 0))
-    done = 0
-    for cfg, m in chunk:
-        x = torch.randn(m, 1024, device="cuda").to(torch.bfloat16)
-        try:
-            w12_matmul(x, t, config=GemmConfig(**cfg))
-            done += 1
-        except Exception as e:
-            print(f"precompile {cfg} M={m}: {e!r}"[:600], flush=True)
-    torch.cuda.synchronize()
-    return done
-
-
-def bench_wgmma(case: Case, ms, log) -> list[dict]:
-    """cuBLAS, the shipped Triton config and every register-A candidate, graph-replay µs; the
-    fastest candidate is checked against fp64 and for same bits again."""
-    rows = []
-    for m in ms:
-        xs = case.xs(m)
-        ex = [(lambda x=x, w=w: torch.nn.functional.linear(x, w)) for x, w in zip(xs, case.ws, strict=True)]
-        row = {"layer": case.name, "N": case.n, "K": case.k, "M": m, "cublas_graph_us": timed(ex, graph=True)}
-        tuned = default_config(case.n, case.k, m)
-        results = []
-        for cfg in [tuned] + wgmma_candidates(case.n, case.k, m):
-            fns = [
-                (lambda x=x, t=t, c=cfg: w12_matmul(x, t, config=c)) for x, t in zip(xs, case.ts, strict=True)
-            ]
-            try:
-                us = timed(fns, graph=True)
-            except Exception as e:
-                log(f"  {case.name} M={m} {cfg} FAILED {e!r}"[:800])
-                continue
-            results.append((us, cfg))
-            log(f"  {case.name} M={m} {cfg}: graph {us:.2f} us (cuBLAS {row['cublas_graph_us']:.2f})")
-        tri = next(u for u, c in results if c == tuned)
-        wg = sorted((r for r in results if r[1].wgmma), key=lambda r: r[0])
-        best_us, best = wg[0]
-        t, w, x = case.ts[0], case.ws[0], xs[0]
-        ref = exact_matmul_fp64(x, w)
-        y32 = w12_matmul(x, t, config=best, out_dtype=torch.float32)
-        y = w12_matmul(x, t, config=best)
-        again = w12_matmul(x, t, config=best)
-        nbytes = record_bytes_read(case.ts[0]) + xs[0].numel() * 2
-        row.update(
-            triton_graph_us=tri,
-            triton_config=tuned.__dict__,
-            wgmma_graph_us=best_us,
-            wgmma_config=best.__dict__,
-            wgmma_TBps=nbytes / best_us / 1e6,
-            ratio_triton=row["cublas_graph_us"] / tri,
-            ratio_wgmma=row["cublas_graph_us"] / best_us,
-            rel_err_fp32=float((y32.double() - ref).norm() / ref.norm()),
-            rel_err_bf16=float((y.double() - ref).norm() / ref.norm()),
-            same_bits_again=bool(torch.equal(y.view(torch.int16), again.view(torch.int16))),
-            all_configs=[(u, c.__dict__) for u, c in wg],
-        )
-        rows.append(row)
-        log(
-            f"{case.name} M={m}: cuBLAS {row['cublas_graph_us']:.2f} triton {tri:.2f} ({row['ratio_triton']:.3f}) "
-            f"wgmma {best_us:.2f} ({row['ratio_wgmma']:.3f}) {best} err {row['rel_err_fp32']:.1e} "
-            f"same {row['same_bits_again']}"
-        )
-    return rows
 
 
 def row_graph_us(results) -> float:
@@ -311,14 +215,12 @@ def copy_bandwidth() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--phase", choices=("sweep", "final", "wgmma"), default="final")
+    ap.add_argument("--phase", choices=("sweep", "final"), default="final")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--precompile", type=int, default=0, help="only fill the compile cache, in N processes")
     args = ap.parse_args()
-    if args.precompile and args.phase == "wgmma":
-        return precompile_wgmma(args.precompile, [int(m) for m in args.ms.split(",")])
     if args.precompile:
         return precompile(args.precompile)
     os.makedirs(args.out, exist_ok=True)
@@ -345,24 +247,13 @@ def main() -> None:
         rot = max(2, math.ceil(3 * L2_BYTES / (n * k * 3.5)))  # bf16 + W12 copies > 3x L2
         case = Case(name, n, k, rot)
         log(f"{name} {n}x{k}: rotating {rot} copies, {case.stats}")
-        ms = [int(m) for m in args.ms.split(",")]
-        rows += bench_wgmma(case, ms, log) if args.phase == "wgmma" else bench_case(case, ms, args.phase, log)
+        rows += bench_case(case, [int(m) for m in args.ms.split(",")], args.phase, log)
         del case
         torch.cuda.empty_cache()
         with open(os.path.join(args.out, f"w12_gemm_{args.phase}.json"), "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     log(f"total {time.time() - t0:.0f} s")
     print(json.dumps(meta))
-    if args.phase == "wgmma":
-        for r in rows:
-            c = r["wgmma_config"]
-            print(
-                f"{r['layer']:8s} {r['M']:3d} cuBLAS {r['cublas_graph_us']:7.2f} triton {r['triton_graph_us']:7.2f} "
-                f"({r['ratio_triton']:.3f}) wgmma {r['wgmma_graph_us']:7.2f} ({r['ratio_wgmma']:.3f}) "
-                f"{r['wgmma_TBps']:.2f} TB/s {c['block_n']}/{c['per_sm']}/{c['num_stages']} "
-                f"err {r['rel_err_fp32']:.1e} same {r['same_bits_again']}"
-            )
-        return
     print(
         f"{'layer':8s} {'M':>3s} {'cuBLAS':>7s} {'W12':>7s} {'ratio':>6s} {'TB/s':>5s} {'g:cuB':>7s} {'g:W12':>7s} {'g:rat':>6s} {'Q':>6s}  config / check"
     )

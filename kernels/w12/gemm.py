@@ -18,12 +18,7 @@ from .format import TILE_K, TILE_N, W12FormatError, W12Tensor
 class GemmConfig:
     """block_n: rows of W per program (16..128); split: K splits (fixed-order partial sums);
     rpi: records per loop step (one dot over rpi * 64 columns); xa: x is the dot's operand A and
-    the rebuilt W operand B (through shared memory), else W is operand A (registers).
-
-    wgmma: the Gluon kernel (gemm_wgmma.py, Hopper only): the rebuilt W is wgmma's register
-    operand A with no shared-memory staging, work divided stream-K over per_sm programs per SM
-    (split is unused); block_n 64 or 128, num_warps 4, num_stages = records prefetched into
-    registers (1 or 2)."""
+    the rebuilt W operand B (through shared memory), else W is operand A (registers)."""
 
     block_n: int = 128
     split: int = 1
@@ -32,17 +27,9 @@ class GemmConfig:
     rpi: int = 1
     xa: bool = False
     maxnreg: int = 0  # a register cap (0: none): more resident programs, if nothing spills
-    wgmma: bool = False
-    per_sm: int = 0
 
     def __post_init__(self):
         bns = (16, 32, 64, 128) if self.xa else (64, 128)  # W as operand A needs 64-row wgmma tiles
-        if self.wgmma and (
-            self.xa or self.num_warps != 4 or self.num_stages not in (1, 2) or self.per_sm < 1
-        ):
-            raise W12FormatError(
-                f"bad W12 GemmConfig {self}: wgmma takes xa=False, 4 warps, 1 or 2 stages, per_sm >= 1"
-            )
         if self.block_n not in bns or self.split < 1 or self.rpi not in (1, 2):
             raise W12FormatError(f"bad W12 GemmConfig {self}: block_n in {bns}, split >= 1, rpi 1 or 2")
 
@@ -90,11 +77,6 @@ SMS = 132  # H200 multiprocessors; the rule below aims at about four resident pr
 
 def block_m(m: int) -> int:
     return 16 if m <= 16 else 32 if m <= 32 else 64
-
-
-def block_m_wgmma(m: int) -> int:
-    """wgmma's N (x rows per program): a multiple of 8."""
-    return 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
 
 
 def default_config(n: int, k: int, m: int) -> GemmConfig:
@@ -149,22 +131,16 @@ def w12_matmul(
     cfg = config or default_config(n, k, m)
     if use_asm is None:
         use_asm = not interpreting()
-    if bias is not None and (bias.shape != (n,) or bias.device != x.device):
-        raise W12FormatError(f"bias must be [{n}] on {x.device}, got {tuple(bias.shape)} on {bias.device}")
-    args = (t.exps, t.esc_ptr, t.esc_col, t.esc_bits, t.exps if bias is None else bias)
-    kt = -(-k // TILE_K)
-    if cfg.wgmma:
-        if qpass or interpreting() or use_asm is False:
-            raise W12FormatError(
-                "the wgmma kernel runs the exact pass with the inline-PTX rebuild on a GPU only"
-            )
-        return _wgmma(x2, t, out, cfg, block_m_wgmma(m), kt, args, bias is not None).reshape(*lead, n)
     bm = block_m(m)
+    kt = -(-k // TILE_K)
     ksplit = -(-kt // cfg.split)
     split = -(-kt // ksplit)  # drop empty splits
     grid = (-(-n // cfg.block_n), split, -(-m // bm))
     # split partials, then the escape sum (written by split 0)
     part = torch.empty(split + 1 if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
+    if bias is not None and (bias.shape != (n,) or bias.device != x.device):
+        raise W12FormatError(f"bias must be [{n}] on {x.device}, got {tuple(bias.shape)} on {bias.device}")
+    args = (t.exps, t.esc_ptr, t.esc_col, t.esc_bits, t.exps if bias is None else bias)
     gk.w12_gemm_kernel[grid](
         t.records, x2, out, part, *args,
         m, n, k, kt, ksplit, x2.stride(0), out.stride(0),
@@ -191,38 +167,6 @@ def w12_matmul(
             num_warps=4,
         )
     return out.reshape(*lead, n)
-
-
-def _counters(t: W12Tensor, size: int) -> torch.Tensor:
-    """The weight's zeroed int32 arrival counters (kept on the tensor; every call's last arrivals
-    leave them at 0 again). So two calls on the same weight must not run at the same time on two
-    streams; allocated at the first call, which should come before any CUDA-graph capture (else
-    the graph replays their zeroing)."""
-    have = t.__dict__.get("_wgmma_counters")
-    if have is None or have.numel() < size:
-        have = torch.zeros(size, dtype=torch.int32, device=t.device)
-        t.__dict__["_wgmma_counters"] = have
-    return have
-
-
-def _wgmma(x2, t, out, cfg, bm, kt, args, has_bias):
-    """The register-A kernel (stream-K): per_sm resident programs per SM share the records."""
-    from . import gemm_wgmma as gw
-
-    m, n = out.shape
-    rb = -(-n // cfg.block_n)
-    mblocks = -(-m // bm)
-    sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
-    progs = min(rb * kt, sms * cfg.per_sm)
-    part = torch.empty(mblocks, progs, 2, bm, cfg.block_n, dtype=torch.float32, device=x2.device)
-    count = _counters(t, mblocks * rb)
-    gw.w12_wgmma_kernel[(progs, mblocks)](
-        t.records.view(torch.int32), x2, out, part, count, *args,
-        m, n, t.k_in, kt, rb, x2.stride(0), out.stride(0),
-        BN=cfg.block_n, BMN=bm, HAS_BIAS=has_bias, DEPTH=cfg.num_stages, num_warps=4,
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
-    )  # fmt: skip
-    return out
 
 
 def record_bytes_read(t: W12Tensor, qpass: bool = False) -> int:
