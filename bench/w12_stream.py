@@ -1,13 +1,14 @@
-"""The read-bandwidth ceiling a W12 GEMM call works under (run by hand on a GPU):
+"""The read-bandwidth floor under a W12 GEMM call, and how the L2 flush moves it (by hand, GPU):
 
     PYTHONPATH=. python bench/w12_stream.py --out DIR
 
-For the gate_up (34816 x 5120) and qkv (10240 x 5120) W12 record bytes it times, as CUDA-graph
-replays (triton.testing.do_bench, median): torch's sum over the same bytes, a plain Triton
-streaming kernel (grid-stride XOR of 16-byte vectors, swept over block size, warps and programs),
-and the register-A kernel's own record loads with no rebuild and no dot (stream-K, same
-layouts). The gap between the first two and the W12 GEMM is what the GEMM loses to its access
-pattern or its compute.
+For each projection shape it times, as CUDA-graph replays: a plain Triton kernel that only reads
+the layer's W12 record bytes (grid-stride XOR of 16-byte vectors, best of a small sweep), cuBLAS
+(torch.nn.functional.linear on the bf16 weight) and the shipped W12 GEMM at M = 1 and 32. Two
+ways: triton.testing.do_bench (median; before every call it zeroes a 256 MB buffer, which leaves
+L2 full of dirty lines that the timed call must write back), and a read flush (before every call
+a sum over 512 MB: L2 left full of clean lines, closer to a decode step, whose other kernels
+mostly read). Writes DIR/w12_stream.json and prints a table.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from w12_gemm import timed
+from w12_gemm import SHAPES, timed, weights
 
-from specpilot.kernels.w12.gemm_wgmma import _load_record, words_layout
+from specpilot.kernels.w12 import encode, w12_matmul
+from specpilot.kernels.w12.gemm import record_bytes_read
 
 
 @triton.jit
@@ -35,34 +35,28 @@ def stream_xor(p, out, n, BLOCK: tl.constexpr):
     tl.store(out + pid * BLOCK + tl.arange(0, BLOCK), acc)
 
 
-@gluon.jit
-def records_only(rec, out, RB, KT, BN: gl.constexpr):
-    """The W12 kernel's loop with the rebuild and the dot replaced by an XOR of the words."""
-    WL: gl.constexpr = words_layout(BN)
-    p = gl.program_id(0)
-    P = gl.num_programs(0)
-    W = RB * KT
-    w = (p * W) // P
-    end = ((p + 1) * W) // P
-    wr = gl.arange(0, BN, layout=gl.SliceLayout(1, WL))
-    wp = gl.arange(0, 8, layout=gl.SliceLayout(0, WL))
-    acc = gl.zeros([BN, 8], gl.int32, WL)
-    while w < end:
-        rb = w // KT
-        n0 = rb * BN
-        chunk = (n0 % 128 + wr)[:, None] * 8 + wp[None, :]
-        base = rec + (n0 // 128).to(gl.int64) * KT * 3072
-        k1 = gl.minimum(end - rb * KT, KT)
-        k0 = w - rb * KT
-        ra = _load_record(base + k0 * 3072, chunk, k0 < k1)
-        rb_ = _load_record(base + (k0 + 1) * 3072, chunk, k0 + 1 < k1)
-        for kt in range(k0, k1, 2):
-            acc ^= ra[0] ^ ra[1] ^ ra[2]
-            ra = _load_record(base + (kt + 2) * 3072, chunk, kt + 2 < k1)
-            acc ^= rb_[0] ^ rb_[1] ^ rb_[2]
-            rb_ = _load_record(base + (kt + 3) * 3072, chunk, kt + 3 < k1)
-        w = (rb + 1) * KT
-    gl.store(out + p * BN * 8 + wr[:, None] * 8 + wp[None, :], acc)
+def timed_read_flush(fns, flush: torch.Tensor, reps: int = 200) -> float:
+    """Median µs of CUDA-graph replays of fns[i % R], each after a read of `flush` (> L2)."""
+    graphs = []
+    for f in fns:
+        f()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            f()
+        graphs.append(g)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        flush.sum()
+        starts[i].record()
+        graphs[i % len(graphs)].replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return 1000 * sorted(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))[reps // 2]
+
+
+def both(fns, flush) -> dict:
+    return {"dobench_us": timed(fns, graph=True), "readflush_us": timed_read_flush(fns, flush)}
 
 
 def main() -> None:
@@ -70,49 +64,51 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    flush = torch.randn(2**27, device="cuda")  # 512 MB of fp32
     rows = []
-    for name, (n, k) in {"gate_up": (34816, 5120), "qkv": (10240, 5120)}.items():
-        nt, kt = -(-n // 128), -(-k // 64)
-        rot = 2
-        recs = [
-            torch.randint(-(2**31), 2**31 - 1, (nt, kt, 3072), dtype=torch.int32, device="cuda")
-            for _ in range(rot)
-        ]
-        nbytes = recs[0].numel() * 4
-        row = {"layer": name, "bytes": nbytes}
-        row["torch_sum_us"] = timed([lambda r=r: r.sum() for r in recs], graph=True)
-        best = (1e9, None)
-        for block in (1024, 2048, 4096):
+    for name, (n, k) in SHAPES.items():
+        ws = [weights(n, k, s) for s in range(2)]
+        ts = [encode(w) for w in ws]
+        recs = [t.records.view(torch.int32).reshape(-1) for t in ts]
+        row = {"layer": name, "w12_bytes": record_bytes_read(ts[0]), "bf16_bytes": n * k * 2}
+        best = None
+        for block in (2048, 4096):
             for warps in (4, 8):
-                for per_sm in (1, 2, 4, 8):
-                    progs = sms * per_sm
-                    out = torch.empty(progs * block, dtype=torch.int32, device="cuda")
+                for per_sm in (4, 8):
+                    g = sms * per_sm
+                    out = torch.empty(g * block, dtype=torch.int32, device="cuda")
                     fns = [
-                        lambda r=r, o=out, b=block, w=warps, g=progs: stream_xor[(g,)](
+                        lambda r=r, o=out, b=block, w=warps, g=g: stream_xor[(g,)](
                             r, o, r.numel(), BLOCK=b, num_warps=w
                         )
                         for r in recs
                     ]
                     us = timed(fns, graph=True)
-                    best = min(best, (us, (block, warps, per_sm)))
-        row["triton_stream_us"], row["triton_stream_config"] = best
-        best = (1e9, None)
-        for per_sm in (2, 3, 4, 6, 8):
-            progs = sms * per_sm
-            out = torch.empty(progs * 128 * 8, dtype=torch.int32, device="cuda")
-            fns = [
-                lambda r=r, o=out, g=progs, a=nt, b=kt: records_only[(g,)](r, o, a, b, BN=128, num_warps=4)
-                for r in recs
-            ]
-            best = min(best, (timed(fns, graph=True), per_sm))
-        row["records_only_us"], row["records_only_per_sm"] = best
-        for key in ("torch_sum_us", "triton_stream_us", "records_only_us"):
-            row[key.replace("_us", "_TBps")] = nbytes / row[key] / 1e6
+                    if best is None or us < best[0]:
+                        best = (us, fns, (block, warps, per_sm))
+        row["read_w12_bytes"] = both(best[1], flush) | {"config": best[2]}
+        for m in (1, 32):
+            xs = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in ws]
+            cub = [lambda x=x, w=w: torch.nn.functional.linear(x, w) for x, w in zip(xs, ws, strict=True)]
+            w12 = [lambda x=x, t=t: w12_matmul(x, t) for x, t in zip(xs, ts, strict=True)]
+            row[f"cublas_m{m}"] = both(cub, flush)
+            row[f"w12_m{m}"] = both(w12, flush)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        del ws, ts, recs
+        torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "w12_stream.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+        json.dump({"gpu": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+    for mode in ("dobench_us", "readflush_us"):
+        print(mode)
+        for r in rows:
+            read = r["read_w12_bytes"][mode]
+            cells = [f"{r['layer']:8s} read-only {read:6.1f}"]
+            for m in (1, 32):
+                c, w = r[f"cublas_m{m}"][mode], r[f"w12_m{m}"][mode]
+                cells.append(f"M={m}: cuBLAS {c:6.1f} W12 {w:6.1f} ({c / w:.3f}; bound {c / read:.3f})")
+            print("  ".join(cells))
 
 
 if __name__ == "__main__":
