@@ -167,7 +167,8 @@ def compare(
                           0.0, "requests", [reason], {"log_tail": f.error.log_tail})  # fmt: skip
     res = paired_stats(run.blocks)
     changed = run.changes_output()
-    extra = [f"integrity: {v}" for v in run.violations] + _measurement_reasons(run, noise)
+    spread = within_request_spread(run.blocks)
+    extra = [f"integrity: {v}" for v in run.violations] + _measurement_reasons(run, spread, noise)
     audit_summary: dict[str, Any] | None = None
     if audit_output:
         progress("token-forcing audit")
@@ -179,7 +180,7 @@ def compare(
     evidence = {
         "block_gains": res.block_gains, "n": res.n, "log_sd": res.log_sd, "notes": verdict.notes,
         "changed_requests": changed, "violations": run.violations, "disturbances": run.disturbances,
-        "within_var": within_request_spread(run.blocks)[0], "requests": len(reqs),
+        "within_var": spread[0], "requests": len(reqs),
         "warmup": dep.controller.warmup_requests, "raw": str(raw), "audit": audit_summary,
         "noise_run": noise.get("run_id"),
     }  # fmt: skip
@@ -192,10 +193,11 @@ def compare(
                       res.gain, res.lower_bound, sigma, verdict.threshold, res.unit, verdict.reasons, evidence)  # fmt: skip
 
 
-def _measurement_reasons(run: PairedRun, noise: dict[str, Any]) -> list[str]:
-    """Why this measurement cannot carry a verdict: other load on the slots, or a spread stock never shows."""
+def _measurement_reasons(run: PairedRun, spread: tuple[float, int], noise: dict[str, Any]) -> list[str]:
+    """Why this measurement cannot carry a verdict: other load on the slots, or a within-request
+    spread (`spread`: variance and degrees of freedom) that stock's A/A run never shows."""
     reasons = [f"measurement disturbed: {d}; rerun on a quiet machine" for d in run.disturbances]
-    var, df = within_request_spread(run.blocks)
+    var, df = spread
     stock_var, stock_df = noise.get("within_var", math.nan), int(noise.get("within_df", 0))
     p = noisier_than_stock(var, df, stock_var, stock_df)
     if p < NOISE_P:

@@ -6,7 +6,7 @@ import math
 
 from specpilot.controller.evaluate import _measurement_reasons
 from specpilot.controller.paired import PairedRun
-from specpilot.controller.stats import RequestSpeeds
+from specpilot.controller.stats import RequestSpeeds, within_request_spread
 
 
 def _run(block_shifts: list[float], disturbances: list[str] = ()) -> PairedRun:
@@ -20,19 +20,23 @@ def _run(block_shifts: list[float], disturbances: list[str] = ()) -> PairedRun:
 STOCK = {"within_var": 0.01**2, "within_df": 12}
 
 
+def _reasons(run: PairedRun, noise: dict) -> list[str]:
+    return _measurement_reasons(run, within_request_spread(run.blocks), noise)
+
+
 def test_a_steady_measurement_has_no_objection():
-    assert _measurement_reasons(_run([0.0, 0.004]), STOCK) == []
+    assert _reasons(_run([0.0, 0.004]), STOCK) == []
 
 
 def test_a_disturbed_period_is_named():
-    reasons = _measurement_reasons(_run([0.0, 0.0], ["other load on cpu:1: 9.8 of 20.0 s (49%)"]), STOCK)
+    reasons = _reasons(_run([0.0, 0.0], ["other load on cpu:1: 9.8 of 20.0 s (49%)"]), STOCK)
     assert reasons == [
         "measurement disturbed: other load on cpu:1: 9.8 of 20.0 s (49%); rerun on a quiet machine"
     ]
 
 
 def test_blocks_far_apart_are_too_noisy():
-    (reason,) = _measurement_reasons(_run([0.0, 0.15]), STOCK)
+    (reason,) = _reasons(_run([0.0, 0.15]), STOCK)
     assert reason.startswith(
         "measurement too noisy: the same requests vary 10.6% between blocks against 1.0%"
     )
@@ -40,4 +44,4 @@ def test_blocks_far_apart_are_too_noisy():
 
 def test_a_noise_run_without_the_spread_objects_to_nothing():
     """Noise stored before the spread was recorded: only the load check applies."""
-    assert _measurement_reasons(_run([0.0, 0.15]), {"sigma": 0.01}) == []
+    assert _reasons(_run([0.0, 0.15]), {"sigma": 0.01}) == []
