@@ -27,6 +27,13 @@ from specpilot.kernels.w12 import GemmConfig, encode, exact_matmul_fp64, w12_mat
 from specpilot.kernels.w12.gemm import block_m, default_config, record_bytes_read
 
 SHAPES = {"qkv": (10240, 5120), "o": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408)}
+# Llama-3.1-8B's fused projections (bench/w12_refspec.py --random-layers): --shapes qkv_8b,...
+SHAPES_8B = {
+    "qkv_8b": (6144, 4096),
+    "o_8b": (4096, 4096),
+    "gate_up_8b": (28672, 4096),
+    "down_8b": (4096, 14336),
+}
 MS = (1, 8, 16, 32, 48, 64)
 L2_BYTES = 60 * 2**20
 REP_MS = 60
@@ -69,12 +76,23 @@ SEEDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "w12_seeds.json
 def candidates(n: int, k: int, m: int) -> list[GemmConfig]:
     """The sweep: the previous sweep's four best configs for this layer and M (w12_seeds.json;
     that sweep covered both dot orientations, 64/128-row blocks, splits, depths and register caps)
-    plus narrow blocks of 16/32 rows with x as operand A, which need fewer (or no) K splits."""
-    name = next(nm for nm, shape in SHAPES.items() if shape == (n, k))
+    plus narrow blocks of 16/32 rows with x as operand A, which need fewer (or no) K splits. A
+    shape with no seeds gets the same families as a grid: x as operand A, 32/64/128-row blocks,
+    splits from one to about ten programs per SM, 3 or 5 stages, 1 or 2 records per step."""
+    name = next((nm for nm, shape in SHAPES.items() if shape == (n, k)), None)
+    kt = -(-k // 64)
+    if name is None:
+        out = []
+        for bn, warps in ((32, 2), (64, 4), (128, 4)):
+            blocks = -(-n // bn)
+            for s in (1, 2, 3, 4, 6, 8):
+                if blocks * s > 1400 or kt // s < 4 or (s > 1 and blocks * (s - 1) >= 132 * 4):
+                    continue
+                out += [GemmConfig(bn, s, warps, st, rpi, True) for st in (3, 5) for rpi in (1, 2)]
+        return out
     with open(SEEDS) as f:
         seeds = json.load(f).get(f"{name}:{1 if m <= 16 else 32}", [])
     out = [GemmConfig(**c) for c in seeds[:4]]
-    kt = -(-k // 64)
     for bn, warps in ((32, 2), (32, 4), (16, 2)):
         if m > 16 and bn == 16:
             continue
@@ -106,7 +124,7 @@ def precompile(jobs: int) -> None:
     """Fill Triton's on-disk cache with every kernel the sweep can launch, in `jobs` processes."""
     import multiprocessing as mp
 
-    cfgs = {c for n, k in SHAPES.values() for m in (1, 32) for c in candidates(n, k, m)}
+    cfgs = {c for n, k in (SHAPES | SHAPES_8B).values() for m in (1, 32) for c in candidates(n, k, m)}
     groups: dict[tuple, list] = {}  # one group per main-kernel compile key: one worker compiles it
     for c in sorted(cfgs, key=str):
         for m in (1, 32, 64):
@@ -243,7 +261,7 @@ def main() -> None:
     rows = []
     t0 = time.time()
     for name in args.shapes.split(","):
-        n, k = SHAPES[name]
+        n, k = (SHAPES | SHAPES_8B)[name]
         rot = max(2, math.ceil(3 * L2_BYTES / (n * k * 3.5)))  # bf16 + W12 copies > 3x L2
         case = Case(name, n, k, rot)
         log(f"{name} {n}x{k}: rotating {rot} copies, {case.stats}")

@@ -132,7 +132,15 @@ def main() -> None:
         "--graph", action="store_true", help="replay each AR step as a CUDA graph (no launch overhead)"
     )
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--tuned", type=Path, help="a bench/w12_gemm.py sweep JSON: its best configs join gemm.TUNED"
+    )
     args = ap.parse_args()
+    if args.tuned:
+        from specpilot.kernels.w12 import GemmConfig, gemm
+
+        for row in json.loads(args.tuned.read_text())["rows"]:
+            gemm.TUNED.setdefault((row["N"], row["K"]), {})[row["M"]] = GemmConfig(**row["config"])
 
     import torch
     from refspec.config import Config, Decode
