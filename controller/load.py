@@ -2,10 +2,11 @@
 
 A one-core slot is only a fair place to measure when the system on it has the core to itself. From
 the kernel's per-core counters (/proc/stat) we take what the core spent busy during the measured
-window, subtract the CPU time of the system pinned there, and call the rest foreign: other
-processes (a build, a test run, the controller's own threads) and time the hypervisor stole.
-A period whose foreign share passes `FOREIGN_SHARE_LIMIT` on any slot is disturbed and its
-comparison gets no verdict (evaluate.py).
+window, subtract the CPU time of the system pinned there and the controller's own CPU time in the
+window (its request threads drive both systems alike, and on a machine with no spare core they
+must run on the slot cores), and call the rest foreign: other processes (a build, a test run)
+and time the hypervisor stole. A period whose foreign share passes `FOREIGN_SHARE_LIMIT` on any
+slot is disturbed and its comparison gets no verdict (evaluate.py).
 """
 
 from __future__ import annotations
@@ -39,14 +40,19 @@ def core_times(cores: list[int], stat: Path = Path("/proc/stat")) -> dict[int, C
     return out
 
 
-def foreign_load(before: CoreTimes, after: CoreTimes, own_cpu_s: float, wall_s: float) -> dict[str, float]:
-    """What a core did besides its system during a window of `wall_s` seconds."""
+def foreign_load(
+    before: CoreTimes, after: CoreTimes, own_cpu_s: float, wall_s: float, harness_s: float = 0.0
+) -> dict[str, float]:
+    """What a core did besides its system during a window of `wall_s` seconds. `harness_s`: the
+    controller's own CPU time in the window, all threads, on whichever cores they ran; allowed on
+    every slot core in full (we cannot tell which core ran it), so it is a bound, not a split."""
     busy = after.busy_s - before.busy_s
-    foreign = max(0.0, busy - own_cpu_s)
+    foreign = max(0.0, busy - own_cpu_s - harness_s)
     return {
         "wall_s": wall_s,
         "busy_s": busy,
         "own_s": own_cpu_s,
+        "harness_s": harness_s,
         "foreign_s": foreign,
         "steal_s": after.steal_s - before.steal_s,
         "foreign_share": foreign / wall_s if wall_s > 0 else 0.0,

@@ -84,6 +84,7 @@ def run_period(
         cores = {label: slots[label].index for label in systems if slots[label].kind == "cpu"}
         t0, cores0 = time.perf_counter(), core_times(list(cores.values()))
         own0 = {label: systems[label].usage()["cpu_s"] for label in cores}
+        harness0 = time.process_time()  # this process: the request threads that drive both systems
         for t in threads:
             t.start()
         for t in threads:
@@ -92,7 +93,8 @@ def run_period(
             raise errors[0]
         usage = {label: s.usage() for label, s in systems.items()}
         wall, cores1 = time.perf_counter() - t0, core_times(list(cores.values()))
-        load = {label: foreign_load(cores0[c], cores1[c], usage[label]["cpu_s"] - own0[label], wall)
+        harness = time.process_time() - harness0
+        load = {label: foreign_load(cores0[c], cores1[c], usage[label]["cpu_s"] - own0[label], wall, harness)
                 for label, c in cores.items() if c in cores0 and c in cores1}  # fmt: skip
         return PeriodResult(results, dict(slots), usage, load)
     finally:

@@ -1,0 +1,47 @@
+"""The load check's arithmetic: per-core busy and stolen time from /proc/stat, and what is foreign."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from specpilot.controller.load import CoreTimes, core_times, foreign_load
+
+TICK = os.sysconf("SC_CLK_TCK")
+STAT = """cpu  900 0 300 9000 10 0 5 7 0 0
+cpu0 400 0 100 4500 5 0 2 3 0 0
+cpu1 500 0 200 4500 5 0 3 4 0 0
+intr 12345
+ctxt 678
+"""
+
+
+def test_core_times_reads_busy_and_steal_per_core(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(STAT)
+    got = core_times([1, 5], stat)
+    assert list(got) == [1]  # a core the machine lacks is left out
+    # busy = user + nice + system + irq + softirq + steal; idle and iowait are not busy
+    assert got[1] == CoreTimes((500 + 0 + 200 + 0 + 3 + 4) / TICK, 4 / TICK)
+
+
+def test_core_times_on_this_machine_grow():
+    first = core_times([0])[0]
+    sum(i * i for i in range(200_000))  # burn a little CPU somewhere
+    assert core_times([0])[0].busy_s >= first.busy_s
+
+
+def test_foreign_is_what_the_core_did_besides_the_system_and_the_controller():
+    before, after = CoreTimes(10.0, 1.0), CoreTimes(19.0, 1.5)  # 9 s busy in a 10 s window
+    ld = foreign_load(before, after, own_cpu_s=7.5, wall_s=10.0, harness_s=0.5)
+    assert ld["foreign_s"] == pytest.approx(1.0)
+    assert ld["foreign_share"] == pytest.approx(0.1)
+    assert ld["steal_s"] == pytest.approx(0.5)
+    assert ld["harness_s"] == 0.5
+
+
+def test_foreign_never_goes_negative():
+    """The system's and controller's counters and the kernel's ticks disagree by a tick or so."""
+    ld = foreign_load(CoreTimes(0.0, 0.0), CoreTimes(1.0, 0.0), own_cpu_s=0.99, wall_s=1.0, harness_s=0.2)
+    assert ld["foreign_s"] == 0.0 and ld["foreign_share"] == 0.0
