@@ -17,22 +17,9 @@ import os
 
 import torch
 from w12_gemm import SHAPES_8B, timed, weights
+from w12_stream import replay_us
 
 from specpilot.kernels.w12 import encode, w12_matmul
-
-
-def replay_us(fn, reps: int = 50) -> float:
-    fn()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    return 1000 * sorted(a.elapsed_time(b) for a, b in ev)[reps // 2]
 
 
 def main() -> None:
@@ -56,8 +43,8 @@ def main() -> None:
                 w12_matmul(xs[t.k_in], t)
 
     row = {"layers": args.layers, "gpu": torch.cuda.get_device_name(0)}
-    row["chain_bf16_us"] = replay_us(chain_bf16)
-    row["chain_w12_us"] = replay_us(chain_w12)
+    row["chain_bf16_us"] = replay_us([chain_bf16], reps=50)
+    row["chain_w12_us"] = replay_us([chain_w12], reps=50)
     row["chain_ratio"] = row["chain_bf16_us"] / row["chain_w12_us"]
     for j, (name, _) in enumerate(shapes):
         row[f"{name}_cublas_us"] = timed(

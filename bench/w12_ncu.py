@@ -1,10 +1,11 @@
-"""One W12 GEMM call per kernel for Nsight Compute (run by hand on a GPU, under ncu):
+"""W12 GEMM calls to profile with Nsight Compute (run by hand on a GPU, from bench/):
 
-    ncu -k regex:w12_ --section SpeedOfLight --section WarpStateStats --section Occupancy \\
-        --section SchedulerStats --section MemoryWorkloadAnalysis \\
-        python bench/w12_ncu.py --shape gate_up --m 1 --configs '{"block_n": 128, ...}' ...
+    ncu -k regex:w12_gemm_kernel --launch-skip 2 -c 1 --section SpeedOfLight \
+        --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+        python w12_ncu.py --shape gate_up --m 1 '{"block_n": 128, "split": 4, "rpi": 2, "xa": true}'
 
-Each config (a GemmConfig as JSON) runs twice (the first compiles), then once more for ncu.
+Each config (GemmConfig fields as JSON, positional) runs three times, so `--launch-skip 2 -c 1`
+profiles a call whose kernel is already compiled; `--cublas` first runs cuBLAS three times.
 """
 
 from __future__ import annotations
