@@ -101,29 +101,48 @@ def test_sub_agent_edits_one_line_and_applies_entry_deltas(world):
 
 
 def test_entries_made_on_stock_stack_by_three_way_merge_or_name_the_conflict(world):
-    """Certified head onto a system holding draft confidence merges (their knob lines are apart);
-    tree verification adds its knobs where draft confidence did: a conflict, named file by file."""
+    """The built-in mechanisms add files only, so each applies onto a system holding the others;
+    two retunes of the same stock line truly conflict, and the conflict is named file by file."""
     _, dep, ws, memory = world
     bundle = builtin_bundles()["refspec"]
     names = ("refspec-draft-confidence", "refspec-certified-head", "refspec-tree-verify")
-    agent = MemorySubAgent({n: [(n, (bundle / f"{n}.patch").read_text())] for n in names})
+    knob = {n: stock_knob_patch(ws, n, v) for n, v in (("block4", 4), ("block12", 12))}
+    agent = MemorySubAgent(
+        {n: [(n, (bundle / f"{n}.patch").read_text())] for n in names}
+        | {n: [(n, d)] for n, d in knob.items()}
+    )
 
     def direction(name: str) -> Direction:
         return Direction(title=f"apply {name}", hypothesis="from memory", target_factor="kernel",
                          expected_gain=0.0, plan="apply it", entry=name)  # fmt: skip
 
-    wt = ws.add_worktree("dc")
-    agent.implement(direction("refspec-draft-confidence"), wt, "cpu:0", tools=None)
-    ws.commit_worktree(wt, "dc")
-    both = agent.implement(
-        direction("refspec-certified-head"), ws.add_worktree("ch", "cand/dc"), "cpu:0", None
-    )
-    assert "\n+lm_head" in both.diff and "\n+min_draft_prob" not in both.diff  # the system is its base
-    assert 'lm_head = "certified"' in (both.worktree / "refspec.toml").read_text()
-    assert "min_draft_prob = 0.7" in (both.worktree / "refspec.toml").read_text()
+    base = "system"
+    for i, name in enumerate(names):
+        wt = ws.add_worktree(f"m{i}", base)
+        patch = agent.implement(direction(name), wt, "cpu:0", tools=None)
+        assert "\n-" not in patch.diff.replace("\n--- ", "\n"), f"{name} edits a stock line"
+        ws.commit_worktree(wt, name)
+        base = f"cand/m{i}"
+    stacked = ws.root / "worktrees" / "m2"
+    assert {p.name for p in (stacked / "knobs").iterdir()} == {
+        "draft_confidence.toml", "certified_head.toml", "tree.toml"}  # fmt: skip
 
-    on_dc = ws.add_worktree("tree", "cand/dc")
+    wt = ws.add_worktree("b4")
+    agent.implement(direction("block4"), wt, "cpu:0", tools=None)
+    ws.commit_worktree(wt, "block4")
+    on_b4 = ws.add_worktree("b12", "cand/b4")
     with pytest.raises(AgentError, match=r"conflicts with the system's code in refspec\.toml"):
-        agent.implement(direction("refspec-tree-verify"), on_dc, "cpu:0", tools=None)
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=on_dc, capture_output=True, text=True)
+        agent.implement(direction("block12"), on_b4, "cpu:0", tools=None)
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=on_b4, capture_output=True, text=True)
     assert status.stdout == ""  # no conflict markers or half-applied files left
+
+
+def stock_knob_patch(ws, name: str, block: int) -> str:
+    """A patch against stock that sets decode.block_size (a retune of one stock line)."""
+    wt = ws.add_worktree(f"knob-{name}")
+    toml = wt / "refspec.toml"
+    toml.write_text(toml.read_text().replace("block_size = 8 ", f"block_size = {block} "))
+    out = subprocess.run(["git", "diff"], cwd=wt, capture_output=True, text=True, check=True).stdout
+    ws.remove_worktree(f"knob-{name}")
+    assert out
+    return out

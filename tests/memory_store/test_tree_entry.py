@@ -1,5 +1,6 @@
 """The tree-verification entry ships in the built-in refspec bundle, seal-checks, declares its
-variants and evidence, and carries an exact copy of the tree code in `kernels/tree.py`."""
+variants and evidence, and carries an exact copy of the tree code in `kernels/tree.py`; the
+certified-head entry carries an exact copy of `kernels/certified_head/`."""
 
 from __future__ import annotations
 
@@ -48,28 +49,27 @@ def test_entry_metadata(entry):
     assert entry.engine == "refspec" and entry.target_factor == "tree" and entry.requires == []
     assert any(c.startswith("lossless: output equals AR on an exact pass") for c in entry.contracts)
     variants = {v.knob: v for v in entry.variants}
+    assert variants["tree.enabled"].values == [False, True] and variants["tree.enabled"].default is True
     assert (
-        variants["decode.verify"].values == ["chain", "tree"] and variants["decode.verify"].default == "tree"
+        variants["tree.nodes"].values == [8, 16, 32, 64] and variants["tree.nodes"].file == "knobs/tree.toml"
     )
-    assert variants["decode.tree_nodes"].values == [8, 16, 32, 64]
-    assert variants["decode.block_size"].values == [8, 16]
-    assert all(v.file == "refspec.toml" and v.default in v.values for v in entry.variants)
+    assert (
+        variants["decode.block_size"].values == [8, 16]
+        and variants["decode.block_size"].file == "refspec.toml"
+    )
+    assert all(v.default in v.values for v in entry.variants)
     assert entry.limits and entry.unverified
     kinds = {e.get("kind") for e in entry.evidence}
     assert {"replay", "paired"} <= kinds, "τ from exact replay and speed from paired controller runs"
 
 
-def test_delta_changes_only_the_engine_and_its_knobs(entry, files):
-    # refspec/serve.py holds the controller's measurement points: a protected path.
-    assert set(files) == {
-        "refspec.toml",
-        "refspec/config.py",
-        "refspec/generate.py",
-        "refspec/profile.py",
-        COPY,
-    }
-    knobs = tomllib.loads(files["refspec.toml"])["decode"]
-    assert knobs["verify"] == "tree" and knobs["tree_nodes"] in (8, 16, 32, 64)
+def test_delta_adds_files_only(entry, files):
+    """Composition: the entry adds its mechanism, its knobs file and the tree code; it edits no
+    stock line (refspec/serve.py, the controller's measurement points, is protected anyway)."""
+    assert set(files) == {"refspec/ext/tree.py", "knobs/tree.toml", COPY}
+    assert "\n-" not in entry.delta.replace("\n--- ", "\n")
+    knobs = tomllib.loads(files["knobs/tree.toml"])["tree"]
+    assert knobs == {"enabled": True, "nodes": 8}
 
 
 def definitions(source: str) -> dict[str, str]:
@@ -90,7 +90,14 @@ def definitions(source: str) -> dict[str, str]:
 
 
 def imports(source: str) -> set[str]:
-    return {ast.unparse(n) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import | ast.ImportFrom)}
+    """The modules and names a source imports (`typing.Any`, `heapq`, ...)."""
+    out = set()
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Import):
+            out |= {a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom):
+            out |= {f"{'.' * n.level}{n.module}.{a.name}" for a in n.names}
+    return out
 
 
 def test_refspec_copy_of_the_tree_code_is_byte_identical(files):
@@ -98,9 +105,24 @@ def test_refspec_copy_of_the_tree_code_is_byte_identical(files):
     definition of that name in kernels/tree.py. When this fails, kernels/tree.py changed a
     definition the entry carries: copy it into a new entry (entries are immutable)."""
     copy, kernel = definitions(files[COPY]), definitions(KERNEL.read_text())
-    assert {"ROOT", "Lattice", "Tree", "best_first_tree", "tree_mask", "tree_positions"} <= set(copy)
+    assert {"ROOT", "Lattice", "Tree", "best_first_tree"} <= set(copy)
     for name, text in copy.items():
         assert name in kernel, f"{COPY} defines {name}, which kernels/tree.py does not"
         assert text == kernel[name], f"{name} in {COPY} has drifted from kernels/tree.py"
     # The copy imports nothing the kernel module does not (and so nothing of SpecPilot).
     assert imports(files[COPY]) <= imports(KERNEL.read_text())
+
+
+def test_certified_head_copy_is_byte_identical():
+    """The certified-head entry's refspec/certified_head/ is kernels/certified_head/, file for file.
+    When this fails, the kernel package changed: copy it into a new entry (entries are immutable)."""
+    entry = bundle_entries()["refspec-certified-head"]
+    kernel = KERNEL.parent / "certified_head"
+    with Stacker() as st:
+        stock = st.stock_hash(StockTree("refspec", stock_tree_path("refspec"), "refspec (built-in)"))
+        tree = st.build(stock, [entry])
+        for f in sorted(kernel.glob("*.py")):
+            copy = st.read_file(tree, f"refspec/certified_head/{f.name}")
+            assert copy == f.read_bytes(), (
+                f"refspec/certified_head/{f.name} has drifted from kernels/certified_head"
+            )

@@ -76,7 +76,7 @@ def test_stock_config_is_the_contract(folder):
     assert config.knobs() == {
         "decode": {"mode": "spec", "block_size": 8, "top_k": 16},
         "drafter": {"kind": "ngram", "max_ngram": 4, "min_ngram": 1},
-        "runtime": {"dtype": "auto", "threads": 1, "cpu_layout": "dual"},
+        "runtime": {"dtype": "auto", "threads": 1, "cpu_layout": "dual", "max_context": 4096},
     }
     assert os.environ.get("SPECPILOT_CACHE") and Path(folder).is_dir()
 

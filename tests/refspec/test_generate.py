@@ -6,7 +6,8 @@ import warnings
 
 import pytest
 import torch
-from refspec.generate import PREFILL_CHUNK, greedy
+from refspec.generate import greedy
+from refspec.model import PREFILL_CHUNK
 
 from .conftest import humaneval_prompts
 

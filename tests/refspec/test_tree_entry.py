@@ -1,10 +1,9 @@
 """The tree-verification entry (built-in refspec bundle) is lossless: its output equals greedy AR on
 real HumanEval prompts, its steps are the exact replay's, its KV compaction keeps the AR state, and
-`verify = "chain"` is stock step for step."""
+`enabled = false` is stock step for step."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from specpilot.kernels.tree import accept_length, best_first_tree
 
 from .conftest import humaneval_prompts, refspec_env
 from .test_generate import NEAR_TIE, first_divergence_margin
-from .tree_entry import checkout_entry, import_tree
+from .tree_entry import checkout_entry, engine_for, import_tree
 
 NEW_TOKENS = 48
 
@@ -32,13 +31,6 @@ def entry_root(tmp_path_factory):
 def tr(entry_root):
     """The entry's refspec package (imported as `refspec_tree_entry`)."""
     return import_tree(entry_root, "refspec_tree_entry")
-
-
-def engine_for(tr, model, **decode):
-    """An entry Engine on the shared CPU fp32 model, with decode knobs overridden."""
-    config = tr.config.load_config()
-    config.decode = dataclasses.replace(config.decode, **decode)
-    return tr.generate.Engine(model, config)
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +57,16 @@ def assert_lossless(model, prompt, ar, out, what: str, record_property) -> None:
         assert 0 <= margin < NEAR_TIE, f"{what}: first divergence at {j} is no near tie (margin {margin:.3g})"
 
 
-def test_entry_defaults_to_tree_verification(tr):
+def test_entry_defaults_to_tree_verification(tr, model):
     config = tr.config.load_config()
-    assert config.decode.mode == "spec" and config.decode.verify == "tree"
-    assert config.decode.tree_nodes >= 1
+    assert config.decode.mode == "spec" and config.ext["tree"] == {"enabled": True, "nodes": 8}
+    eng = engine_for(tr, model)
+    assert type(eng.policy).__name__ == "TreePolicy" and eng.policy.max_rows == 9
 
 
 @pytest.mark.parametrize(("nodes", "block"), [(8, 8), (32, 8), (16, 16)])
 def test_tree_equals_ar_on_humaneval(tr, engine, model, prompts, nodes, block, record_property):
-    eng = engine_for(tr, model, verify="tree", tree_nodes=nodes, block_size=block)
+    eng = engine_for(tr, model, {"block_size": block}, tree={"nodes": nodes})
     steps = 0
     for n, prompt in enumerate(prompts):
         out, stats = tr.generate.greedy(eng, prompt, NEW_TOKENS, "spec")
@@ -89,7 +82,7 @@ def test_tree_equals_ar_on_humaneval(tr, engine, model, prompts, nodes, block, r
 def test_tree_steps_are_the_exact_replay(tr, model, prompts):
     """The engine takes exactly the steps that replaying its policy on the recorded lattices
     predicts (CONTRACTS §4), so replayed τ is the engine's τ."""
-    eng = engine_for(tr, model, verify="tree", tree_nodes=16)
+    eng = engine_for(tr, model, tree={"nodes": 16})
     for prompt in prompts[2:]:
         rec = tr.record.record_request(eng, prompt, NEW_TOKENS)
         head = {
@@ -111,7 +104,7 @@ def test_compaction_moves_the_accepted_branch_into_place(tr, engine, model, prom
     the AR tokens, and decoding on from the compacted cache continues AR exactly."""
     prompt = prompts[0]
     ar = ar_of(engine, prompts, 0)
-    eng = engine_for(tr, model, verify="tree", tree_nodes=8)
+    eng = engine_for(tr, model, tree={"nodes": 8})
     eng.start(prompt, NEW_TOKENS, drafting=True)
     wrong = [(t + 1) % model.args.vocab for t in ar]
     tree = tr.tree.Tree()
@@ -122,18 +115,23 @@ def test_compaction_moves_the_accepted_branch_into_place(tr, engine, model, prom
     tree.add(ar[1], 1, -4.0)  # node 4: the right token at depth 2
     tree.add(ar[2], 4, -5.0)  # node 5: depth 3
     pos = eng.pos
-    committed = eng.tree_step(tree)
+    n = len(tree) + 1
+    mask = [[c == 0 or c == r for c in range(n)] for r in range(n)]
+    for i, parent in enumerate(tree.parents):  # ancestors
+        mask[i + 1] = [a or b for a, b in zip(mask[i + 1], mask[parent + 1], strict=True)]
+    p = tr.ext.Pass([eng.last, *tree.tokens], [0, *tree.depths], mask, state=tree)
+    committed = eng.step(p)
     assert committed == ar[:4] and eng.pos == pos + 4 and eng.rows == 7
     rest = []
     while len(committed) + len(rest) < NEW_TOKENS:
-        rest += eng.step([])  # AR steps over the compacted cache
+        rest += eng.decode_step("ar", NEW_TOKENS)  # AR steps over the compacted cache
     assert committed + rest == ar
 
 
 def test_chain_knob_is_stock_step_for_step(tr, engine, model, prompts):
-    """With verify = "chain" the entry commits stock's chunks, step for step, row for row."""
-    eng = engine_for(tr, model, verify="chain")
-    assert eng.max_rows == engine.config.decode.block_size + 1  # stock's cache size
+    """With the tree disabled the entry commits stock's chunks, step for step, row for row."""
+    eng = engine_for(tr, model, tree={"enabled": False})
+    assert eng.policy.max_rows == engine.config.decode.block_size + 1  # stock's chain
     for prompt in prompts[2:]:
         stock_chunks = list(engine.generate(prompt, NEW_TOKENS, "spec"))
         got_chunks = list(eng.generate(prompt, NEW_TOKENS, "spec"))
@@ -142,7 +140,7 @@ def test_chain_knob_is_stock_step_for_step(tr, engine, model, prompts):
 
 
 def test_empty_lattice_is_an_ar_step(tr, model):
-    eng = engine_for(tr, model, verify="tree", tree_nodes=8)
+    eng = engine_for(tr, model, tree={"nodes": 8})
     prompt = list(range(100, 140))  # no repeated n-gram: nothing to draft
     out, stats = tr.generate.greedy(eng, prompt, 3, "spec")
     assert len(out) == 3 and stats.rows == stats.steps  # one row per step until a match
@@ -151,16 +149,19 @@ def test_empty_lattice_is_an_ar_step(tr, model):
 @pytest.mark.parametrize(
     ("line", "fix"),
     [
-        ('verify = "forest"', "use one of chain, tree"),
-        ("tree_nodes = 0", "must be >= 1"),
-        ('tree_nodes = "8"', "int"),
+        ('nodes = "8"', "must be a int"),
+        ("nodes = 0", "must be >= 1"),
+        ("depth = 3", "unknown knob tree.depth"),
     ],
 )
 def test_bad_tree_knobs_are_one_clear_error(tr, tmp_path, line, fix):
-    bad = tmp_path / "refspec.toml"
-    bad.write_text(f"[decode]\n{line}\n")
+    config = tr.config.load_config()
+    knobs = tmp_path / "knobs"
+    knobs.mkdir()
+    (knobs / "tree.toml").write_text(f"[tree]\n{line}\n")
+    config.ext["tree"] = tr.config.read_toml(knobs / "tree.toml")["tree"]
     with pytest.raises(tr.errors.RefspecError, match=fix):
-        tr.config.load_config(bad)
+        tr.ext.load(config, knobs)
 
 
 @pytest.mark.slow
@@ -178,6 +179,6 @@ def test_entry_serves_the_protocol_with_tree_verification(entry_root, engine, pr
     )
     assert proc.returncode == 0, proc.stderr
     ready, *steps, done = [json.loads(x) for x in proc.stdout.splitlines()]
-    assert ready["ready"] and ready["knobs"]["decode"]["verify"] == "tree"
+    assert ready["ready"] and ready["knobs"]["tree"] == {"enabled": True, "nodes": 8}
     assert sum((e["tokens"] for e in steps), []) == ar_of(engine, prompts, 1, 24)
     assert done["done"] and done["stats"]["steps"] == len(steps) < 24

@@ -7,6 +7,7 @@ stock package the other refspec tests import (its modules use relative imports o
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -49,7 +50,18 @@ def import_tree(root: Path, alias: str) -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     sys.modules[alias] = mod
     spec.loader.exec_module(mod)
-    for sub in ("errors", "config", "tree", "certified_head", "drafter", "model", "generate", "record"):
-        if (pkg / f"{sub}.py").exists():  # `tree`, `certified_head` exist only in their entries
+    for sub in ("errors", "config", "ext", "tree", "drafter", "model", "generate", "record"):
+        if (pkg / f"{sub}.py").exists() or (pkg / sub).is_dir():  # `tree` exists only in its entry
             setattr(mod, sub, importlib.import_module(f"{alias}.{sub}"))
     return mod
+
+
+def engine_for(pkg: ModuleType, model, decode: dict | None = None, **knobs: dict):
+    """An Engine of the tree's package on a shared model: its own knob files, with `decode` knobs
+    and mechanism knobs (`tree={"nodes": 16}`) overridden, its mechanisms loaded."""
+    config = pkg.config.load_config()
+    if decode:
+        config.decode = dataclasses.replace(config.decode, **decode)
+    for name, values in knobs.items():
+        config.ext[name] = {**config.ext[name], **values}
+    return pkg.generate.Engine(model, config, pkg.ext.load(config))

@@ -1,30 +1,29 @@
 """Prefill, greedy AR and stock speculative decoding over one request at a time.
 
 Every decode step is one verification pass: its rows are the last committed token (whose K/V is
-not in the cache yet) followed by the draft, at cache slots and positions pos, pos+1, ...; row r
-predicts the token after row r. AR is the same step with no draft. Stock speculative decoding
-drafts m positions with the n-gram lattice drafter and verifies the top-1 chain: it accepts the
-longest prefix of the chain that equals the target's argmax and appends the target's next argmax
-(the bonus token); rollback of the rejected rows is moving `pos`. On an exact pass the output is
-the AR output token for token (the greedy argmax of the same prefix).
+not in the cache yet) followed by the draft, at cache slots pos, pos+1, ...; row r predicts the
+token after row r. AR is the same step with no draft. Stock speculative decoding drafts m
+positions with the n-gram lattice drafter and verifies the top-1 chain (`ChainPolicy`): it accepts
+the longest prefix of the chain that equals the target's argmax and appends the target's next
+argmax (the bonus token); rollback of the rejected rows is moving `pos`. On an exact pass the
+output is the AR output token for token (the greedy argmax of the same prefix).
 
-`verify` takes rows, positions, slots and a mask, so a tree entry only has to build those from its
-tree and compact the accepted path's K/V.
+Mechanisms (refspec/ext/) plug in without editing this file: a verification policy replaces
+`ChainPolicy` (a tree builds its rows, depths and mask and walks the target's argmax), draft
+filters cut the lattice first, and a head replaces the LM head's argmax.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-import torch
-
+from . import ext
 from .config import Config
 from .drafter import Lattice, NgramDrafter
 from .errors import RefspecError
-from .model import Transformer, region
-
-PREFILL_CHUNK = 256  # prompt rows per prefill pass (bounds the [rows, kv_len] score buffers)
+from .model import region
 
 
 @dataclass
@@ -41,10 +40,29 @@ class Stats:
         return {"steps": self.steps, "new_tokens": self.new_tokens, "tau": self.tau}
 
 
-class Engine:
-    """One model, its KV cache and the drafter, decoding one request at a time (batch 1)."""
+class ChainPolicy:
+    """Stock: verify the lattice's top-1 chain; accept its longest prefix equal to the target's argmax."""
 
-    def __init__(self, model: Transformer, config: Config):
+    def __init__(self, block_size: int):
+        self.max_rows = block_size + 1
+
+    def propose(self, engine: Engine, lattice: Lattice, remaining: int) -> ext.Pass:
+        # A longer chain than remaining - 1 could only be truncated away.
+        chain = lattice.chain()[: max(remaining - 1, 0)]
+        return ext.Pass([engine.last, *chain], list(range(len(chain) + 1)))
+
+    def accept(self, engine: Engine, p: ext.Pass, target: list[int]) -> tuple[list[int], list[int]]:
+        chain = p.tokens[1:]
+        accepted = 0
+        while accepted < len(chain) and chain[accepted] == target[accepted]:
+            accepted += 1
+        return [*chain[:accepted], target[accepted]], list(range(1, accepted + 1))
+
+
+class Engine:
+    """One model (CPU `Transformer` or `CudaModel`), its KV cache and the drafter, batch 1."""
+
+    def __init__(self, model: Any, config: Config, mechanisms: Sequence[tuple[ext.Mechanism, Any]] = ()):
         self.model, self.config = model, config
         self.drafter = NgramDrafter(config.drafter.max_ngram, config.drafter.min_ngram)
         self.device = model.device
@@ -52,32 +70,25 @@ class Engine:
         self.last = 0  # the last committed token
         self.drafting = False
         self.rows = 0  # rows verified by the latest step
-        m = config.decode.block_size + 1
-        self._tri = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()
+        self.chain = ChainPolicy(config.decode.block_size)  # stock's, and every AR step's
+        self.policy: ext.Policy = self.chain
+        self.filters = [(m.draft, k) for m, k in mechanisms if m.draft]
+        self.head: ext.Head | None = None
+        for m, knobs in mechanisms:
+            if m.policy:
+                self.policy = m.policy(self, knobs)
+            if m.head:
+                self.head = m.head(self, knobs)
+        for m, knobs in mechanisms:
+            if m.setup:
+                m.setup(self, knobs)
 
     # -- the verification pass -----------------------------------------------------------------
 
-    def verify(
-        self,
-        rows: list[int],
-        positions: torch.Tensor,
-        slots: torch.Tensor | int,
-        mask: torch.Tensor | None,
-        kv_len: int,
-    ) -> list[int]:
-        """The target's argmax after each row (see Transformer.forward for the arguments)."""
-        tokens = torch.tensor([rows], dtype=torch.long, device=self.device)
-        logits = self.model.forward(tokens, positions, slots, mask, kv_len)
-        with region("other"):
-            return logits[0].argmax(dim=-1).tolist()
-
-    def _chain_mask(self, rows: int) -> torch.Tensor | None:
-        """Causal mask of `rows` consecutive rows at slot pos over kv_len = pos + rows slots."""
-        if rows == 1:
-            return None  # one row attends to every slot up to and including its own
-        mask = torch.ones(rows, self.pos + rows, dtype=torch.bool, device=self.device)
-        mask[:, self.pos :] = self._tri[:rows, :rows]
-        return mask
+    def verify(self, p: ext.Pass) -> list[int]:
+        """The target's argmax after each row of the pass (rows at slots pos, pos+1, ...)."""
+        positions = [self.pos + d for d in p.depth]
+        return self.model.verify(p.tokens, positions, self.pos, p.mask, self.head)
 
     # -- one request ---------------------------------------------------------------------------
 
@@ -88,42 +99,36 @@ class Engine:
         vocab = self.model.args.vocab
         if any(not 0 <= t < vocab for t in input_ids):
             raise RefspecError(f"input_ids holds a token outside the vocabulary [0, {vocab})")
-        self.model.setup_cache(1, len(input_ids) + max_new_tokens + self.config.decode.block_size + 1)
-        prompt = input_ids[:-1]
-        for s in range(0, len(prompt), PREFILL_CHUNK):
-            chunk = prompt[s : s + PREFILL_CHUNK]
-            n = len(chunk)
-            mask = torch.ones(n, s + n, dtype=torch.bool, device=self.device)
-            mask[:, s:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-            positions = torch.arange(s, s + n, device=self.device)
-            tokens = torch.tensor([chunk], dtype=torch.long, device=self.device)
-            self.model.forward(tokens, positions, s, mask, s + n, logits_rows=None)
-        self.pos, self.last = len(prompt), input_ids[-1]
+        self.model.setup_cache(1, len(input_ids) + max_new_tokens + self.policy.max_rows)
+        self.model.prefill(input_ids[:-1], 0)
+        self.pos, self.last = len(input_ids) - 1, input_ids[-1]
         self.drafting = drafting
         if drafting:
             with region("drafter"):
                 self.drafter.reset(list(input_ids))
 
     def draft(self) -> Lattice:
-        """The drafter's lattice for the committed prefix."""
+        """The drafter's lattice for the committed prefix, after the mechanisms' filters."""
         d = self.config.decode
         with region("drafter"):
-            return self.drafter.draft(d.block_size, d.top_k)
+            lattice = self.drafter.draft(d.block_size, d.top_k)
+            for fn, knobs in self.filters:
+                lattice = fn(lattice, knobs)
+            return lattice
 
-    def step(self, chain: list[int]) -> list[int]:
-        """Verify [last] + chain; commit the accepted prefix and the bonus token; return them."""
-        rows = [self.last, *chain]
-        n = self.rows = len(rows)
-        positions = torch.arange(self.pos, self.pos + n, device=self.device)
+    def step(self, p: ext.Pass, policy: ext.Policy | None = None) -> list[int]:
+        """Verify a pass of `policy` (default the engine's); commit the accepted rows and the bonus
+        token; return the committed tokens."""
+        self.rows = len(p.tokens)
+        target = self.verify(p)
         with region("other"):
-            mask = self._chain_mask(n)
-        target = self.verify(rows, positions, self.pos, mask, self.pos + n)
-        accepted = 0
-        while accepted < len(chain) and chain[accepted] == target[accepted]:
-            accepted += 1
-        committed = [*chain[:accepted], target[accepted]]
-        # Slots pos .. pos+accepted now hold last + the accepted chain; the rest is rolled back.
-        self.pos += accepted + 1
+            committed, path = (policy or self.policy).accept(self, p, target)
+            if path != list(range(1, len(path) + 1)):  # a tree's path: its K/V moves next to the prefix
+                self.model.move_kv(
+                    [self.pos + r for r in path], list(range(self.pos + 1, self.pos + 1 + len(path)))
+                )
+        # Slots pos .. pos+len(path) now hold last + the accepted rows; the rest is rolled back.
+        self.pos += len(path) + 1
         self.last = committed[-1]
         if self.drafting:
             with region("drafter"):
@@ -132,11 +137,9 @@ class Engine:
 
     def decode_step(self, mode: str, remaining: int) -> list[int]:
         """One decode step (draft + verify + accept) committing at most `remaining` tokens."""
-        chain: list[int] = []
         if mode == "spec":
-            # A longer chain than remaining - 1 could only be truncated away.
-            chain = self.draft().chain()[: max(remaining - 1, 0)]
-        return self.step(chain)
+            return self.step(self.policy.propose(self, self.draft(), remaining))
+        return self.step(ext.Pass([self.last], [0]), self.chain)
 
     def generate(
         self, input_ids: list[int], max_new_tokens: int, mode: str | None = None

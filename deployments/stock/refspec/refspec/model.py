@@ -92,6 +92,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+PREFILL_CHUNK = 256  # prompt rows per prefill pass (bounds the [rows, kv_len] score buffers)
 PACK_ROWS = 16  # oneDNN blocks the packed layout for this many rows
 GEMV_ROWS = 1  # a single row (AR) streams W^T (GEMV); two rows and more use the packed GEMM
 
@@ -228,6 +229,7 @@ class Transformer:
         mask: torch.Tensor | None,
         kv_len: int,
         logits_rows: slice | torch.Tensor | None = slice(None),
+        head: bool = True,
     ) -> torch.Tensor | None:
         """Run rows through the model, writing their K/V into the cache; return logits.
 
@@ -235,7 +237,8 @@ class Transformer:
         (or an int: the first of R consecutive slots); mask: [R, kv_len] bool, True where row r may
         attend to slot s (None: every row attends to all kv_len slots); kv_len: slots attended,
         0..kv_len-1, which must include the rows' own slots; logits_rows: which rows get logits
-        (None: none, e.g. a prefill). Returns logits [B, rows, V] in fp32.
+        (None: none, e.g. a prefill). Returns logits [B, rows, V] in fp32, or with head=False the
+        final-norm hidden states [B, rows, hidden] those logits would come from.
         """
         a = self.args
         bsz, rows = tokens.shape
@@ -294,7 +297,53 @@ class Transformer:
             x = x.view(bsz, rows, a.hidden)[:, logits_rows]
             n = x.shape[1]
             x = rms_norm(x.reshape(bsz * n, a.hidden), self.norm, a.rms_eps)
+            if not head:
+                return x.view(bsz, n, a.hidden)
             return self.lm_head(x).view(bsz, n, a.vocab).float()
+
+    # -- what the engine calls (the same on CudaModel) ----------------------------------------------
+
+    def prefill(self, tokens: list[int], start: int) -> None:
+        """Write the K/V of prompt tokens at slots start.. (causal, no logits)."""
+        for s in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = tokens[s : s + PREFILL_CHUNK]
+            n, at = len(chunk), start + s
+            mask = torch.ones(n, at + n, dtype=torch.bool, device=self.device)
+            mask[:, at:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            positions = torch.arange(at, at + n, device=self.device)
+            tokens_t = torch.tensor([chunk], dtype=torch.long, device=self.device)
+            self.forward(tokens_t, positions, at, mask, at + n, logits_rows=None)
+
+    def verify(self, tokens: list[int], positions: list[int], start: int, mask: list[list[bool]] | None,
+               head=None) -> list[int]:  # fmt: skip
+        """Each row's argmax: rows at slots start.., RoPE `positions`, each attending every slot
+        below start and the rows `mask` allows (None: causal); `head` replaces the LM head's argmax."""
+        r = len(tokens)
+        with region("other"):
+            full = None  # one row attends every slot up to and including its own
+            if r > 1:
+                full = torch.ones(r, start + r, dtype=torch.bool, device=self.device)
+                tail = (
+                    torch.tensor(mask, dtype=torch.bool)
+                    if mask is not None
+                    else torch.ones(r, r, dtype=torch.bool).tril()
+                )
+                full[:, start:] = tail.to(self.device)
+            rows = torch.tensor([tokens], dtype=torch.long, device=self.device)
+            pos = torch.tensor(positions, device=self.device)
+        if head is None:
+            logits = self.forward(rows, pos, start, full, start + r)
+            with region("other"):
+                return logits[0].argmax(dim=-1).tolist()
+        hidden = self.forward(rows, pos, start, full, start + r, head=False)
+        with region("lm_head"):
+            return head.argmax(hidden[0])
+
+    def move_kv(self, src: list[int], dst: list[int]) -> None:
+        """Copy the K/V of slots `src` to slots `dst` (a tree's accepted path, compacted)."""
+        s = torch.tensor(src, device=self.device)
+        d = torch.tensor(dst, device=self.device)
+        self.kv.index_copy_(4, d, self.kv.index_select(4, s))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -307,14 +356,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return table[name]
 
 
-def load_model(
-    folder: Path, device: torch.device, dtype: torch.dtype, cpu_layout: str = "dual"
-) -> Transformer:
-    """The Transformer of an HF Llama-family folder (config.json + *.safetensors)."""
+def load_weights(folder: Path) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
+    """The model arguments and tensors of an HF Llama-family folder (config.json + *.safetensors)."""
     try:
         args = ModelArgs.from_hf(load_config(folder))
     except KeyError as e:
         raise RefspecError(f"{folder / 'config.json'} lacks {e}; give a complete HF Llama folder") from None
     except RefspecError as e:
         raise RefspecError(f"{folder / 'config.json'}: {e}") from None
-    return Transformer(args, load_state_dict(folder), device, dtype, cpu_layout)
+    return args, load_state_dict(folder)
+
+
+def load_model(
+    folder: Path, device: torch.device, dtype: torch.dtype, cpu_layout: str = "dual"
+) -> Transformer:
+    """The eager Transformer of an HF Llama-family folder."""
+    return Transformer(*load_weights(folder), device, dtype, cpu_layout)

@@ -59,8 +59,18 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+# The fused CUDA kernels (cuda_kernels.py) by the class whose bytes dominate them.
+KERNEL_CLASS = {"norm_qkv_rope": "linear", "linear_residual": "linear", "norm_gate_up": "linear",
+                "attention": "attention", "norm_head": "lm_head", "argmax_reduce": "lm_head"}  # fmt: skip
+
+
 def class_times(engine, requests, mode: str) -> tuple[dict[str, float], int]:
-    """Total profiled seconds per class over the decode steps of one run, and the step count."""
+    """Total profiled seconds per class over the decode steps of one run, and the step count.
+
+    CPU: the CPU time of the `refspec.<class>` regions. CUDA graphs path: every kernel's device
+    time, by kernel name (the passes run eagerly here, so each kernel is seen); the drafter's region
+    on the host. Eager CUDA: the GPU span of each region.
+    """
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -69,24 +79,33 @@ def class_times(engine, requests, mode: str) -> tuple[dict[str, float], int]:
 
     activities = [ProfilerActivity.CPU]
     cuda = engine.device.type == "cuda"
+    fused = hasattr(engine.model, "capture")
     if cuda:
         activities.append(ProfilerActivity.CUDA)
     try:
+        if fused:
+            engine.model.eager = True
         with profile(activities=activities) as prof:
             run = timed_steps(engine, requests, mode, on_step=toggle)
     finally:
         model_mod.PROFILING = False
+        if fused:
+            engine.model.eager = False
     totals = dict.fromkeys(CLASSES, 0.0)
     device_totals = dict.fromkeys(CLASSES, 0.0)
     for e in prof.events():
+        on_cpu = e.device_type == torch.autograd.DeviceType.CPU
+        if fused and not on_cpu:
+            device_totals[KERNEL_CLASS.get(e.name, "other")] += e.time_range.elapsed_us() / 1e6
+            continue
         if not e.name.startswith("refspec."):
             continue
         cls = e.name.removeprefix("refspec.")
         if cls not in totals:
             continue
-        if e.device_type == torch.autograd.DeviceType.CPU:
+        if on_cpu:
             totals[cls] += e.cpu_time_total / 1e6
-        else:  # the GPU-side span of the same region (kernel time on the device timeline)
+        elif not fused:  # the GPU-side span of the same region (kernel time on the device timeline)
             device_totals[cls] += e.time_range.elapsed_us() / 1e6
     if cuda:
         # Kernel classes run on the GPU; the drafter runs on the host either way.
@@ -101,7 +120,7 @@ def profile_requests(engine, requests, slot: str, config) -> dict:
     ar = run if mode == "ar" else timed_steps(engine, requests, "ar")
     totals, steps = class_times(engine, requests, mode)
     classes = {c: totals[c] / steps for c in CLASSES}
-    return {
+    out = {
         "engine": "refspec",
         "device": slot,
         "dtype": str(engine.model.dtype).removeprefix("torch."),
@@ -116,6 +135,10 @@ def profile_requests(engine, requests, slot: str, config) -> dict:
         "classes": classes,
         "profiled_s": sum(classes.values()),
     }
+    budget = getattr(engine.policy, "node_budget", None)
+    if mode == "spec" and budget:
+        out["node_budget"] = budget  # a tree policy's nodes: the cost model replays trees at this budget
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

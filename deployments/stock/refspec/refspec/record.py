@@ -26,7 +26,7 @@ def record_request(engine, input_ids: list[int], max_new_tokens: int) -> dict:
     greedy, lattices = [], []
     for _ in range(max_new_tokens):
         lattices.append(engine.draft().to_json())
-        greedy.extend(engine.step([]))
+        greedy.extend(engine.decode_step("ar", max_new_tokens))
     return {"greedy": greedy, "lattices": lattices}
 
 

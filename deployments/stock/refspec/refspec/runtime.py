@@ -34,16 +34,22 @@ def pin_cpu(core: int, threads: int) -> None:
 
 
 def open_engine(slot: str, model: str, cache: Path | None, config: Config):
-    """The Engine for a model name or folder on a device slot (pins a CPU slot first)."""
+    """The Engine for a model name or folder on a device slot (pins a CPU slot first).
+
+    On CUDA in bf16 the model runs as fused Triton kernels captured in CUDA graphs (cuda_graphs.py);
+    anything else (CPU, or CUDA in fp32/fp16) runs the eager `Transformer`.
+    """
     kind, index = parse_slot(slot)
     if kind == "cpu":
         pin_cpu(index, config.runtime.threads)
     import torch
 
+    from . import ext
     from .generate import Engine
-    from .model import load_model, resolve_dtype
+    from .model import Transformer, load_weights, resolve_dtype
     from .weights import resolve_model
 
+    mechanisms = ext.load(config)
     if kind == "cpu":
         torch.set_num_threads(config.runtime.threads)
         device = torch.device("cpu")
@@ -53,18 +59,30 @@ def open_engine(slot: str, model: str, cache: Path | None, config: Config):
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     dtype = resolve_dtype(config.runtime.dtype, device)
-    folder = resolve_model(model, cache)
-    return Engine(load_model(folder, device, dtype, config.runtime.cpu_layout), config)
+    args, state = load_weights(resolve_model(model, cache))
+    if device.type == "cuda" and dtype == torch.bfloat16:
+        from .cuda_graphs import CudaModel
+
+        net = CudaModel(args, state, device, config.runtime.max_context)
+    else:
+        net = Transformer(args, state, device, dtype, config.runtime.cpu_layout)
+    return Engine(net, config, mechanisms)
 
 
 def warm_up(engine) -> float:
-    """Run every path once (prefill, multi-row verify, single-row AR); return the seconds taken."""
+    """Run every path once (prefill, multi-row verify, single-row AR) and capture the CUDA graphs
+    of every row count the policy can verify; return the seconds taken."""
     t0 = time.perf_counter()
     # A repeating prompt makes the drafter match, so the spec run verifies multi-row chains.
     prompt = [(7 * i) % 97 + 10 for i in range(40)] * 2
     for mode in ("spec", "ar"):
         for _ in engine.generate(prompt, 8, mode):
             pass
+    capture = getattr(engine.model, "capture", None)
+    if capture is not None:
+        for rows in range(1, engine.policy.max_rows + 1, 16):
+            capture(rows, engine.head is not None)
+        capture(engine.policy.max_rows, engine.head is not None)
     return time.perf_counter() - t0
 
 

@@ -1,0 +1,244 @@
+"""refspec on CUDA: the fused kernels of cuda_kernels.py captured as one CUDA graph per row bucket.
+
+`CudaModel` holds the weights in the kernels' layout (bf16, HF's rotate-half Q/K rows), the static
+KV cache `[layers, kv_heads, slots, head_dim]` (K and V apart) and static input buffers. A pass of
+R rows runs in the graph of the bucket ceil(R / 16) · 16, the rows past R being padding that sees
+only itself. Every kernel computes a row in 16-row tiles, so a row's logits are the same bits
+whatever the bucket: a verified chain row equals the AR step at the same prefix, as on an exact
+pass. The host copies one packed int32 buffer in (tokens, positions, start, mask rows), replays the
+graph and copies the argmax out; nothing else crosses per step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import triton
+
+from . import cuda_kernels as K
+from .errors import RefspecError
+from .model import PREFILL_CHUNK, ModelArgs
+
+BM = 16  # rows per tile in every kernel (and the bucket step)
+ROWS = PREFILL_CHUNK  # the most rows of a pass: a prefill chunk, or a verification pass's bucket
+# Tile shapes and launch settings: fixed, so a shape always runs the same reduction order. These
+# measured 1.34 ms per one-row pass of SmolLM2-135M at context 264 on an H200 (bench/results/
+# refspec_cuda_h200_random_2026-12-01_call1.json); the L2-hot sweep's picks ran slower in the pass.
+QKV = {"BH": 16, "BK": 64, "num_warps": 4, "num_stages": 2}
+ATTN = {"BN": 64, "num_warps": 4, "num_stages": 2}
+LIN_O = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 3}
+LIN_DOWN = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 3}
+GATE_UP = {"BN": 32, "BK": 64, "num_warps": 4, "num_stages": 2}
+HEAD = {"BN": 128, "BK": 64, "num_warps": 4, "num_stages": 2}
+
+
+def bucket(rows: int) -> int:
+    return -(-rows // BM) * BM
+
+
+class CudaModel:
+    """Weights, KV cache and per-bucket CUDA graphs of one Llama-family model on one GPU."""
+
+    def __init__(
+        self, args: ModelArgs, state: dict[str, torch.Tensor], device: torch.device, max_context: int
+    ):
+        a = self.args = args
+        self.device, self.dtype = device, torch.bfloat16
+        if a.head_dim % 32 or a.hidden % 64 or a.intermediate % GATE_UP["BN"] or a.heads % a.kv_heads:
+            raise RefspecError(
+                f"the CUDA kernels need head_dim % 32 == 0, hidden % 64 == 0, intermediate % {GATE_UP['BN']} == 0 "
+                f"and heads % kv_heads == 0; this model has {a.head_dim}, {a.hidden}, {a.intermediate}, "
+                f"{a.heads}/{a.kv_heads}; run it on a CPU slot"
+            )
+
+        def w(name: str) -> torch.Tensor:
+            if name not in state:
+                raise RefspecError(f"weights miss tensor {name!r}; the model folder is incomplete")
+            return state[name].to(device=device, dtype=torch.bfloat16).contiguous()
+
+        self.embed = w("model.embed_tokens.weight")
+        self.head = self.embed if (a.tied or "lm_head.weight" not in state) else w("lm_head.weight")
+        self.norm = w("model.norm.weight")
+        self.layers = []
+        for i in range(a.layers):
+            p = f"model.layers.{i}."
+            qkv = torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous()
+            gate_up = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()
+            self.layers.append((w(p + "input_layernorm.weight"), qkv, w(p + "self_attn.o_proj.weight"),
+                                w(p + "post_attention_layernorm.weight"), gate_up, w(p + "mlp.down_proj.weight")))  # fmt: skip
+        half = a.head_dim // 2
+        inv = 1.0 / (a.rope_theta ** (torch.arange(0, a.head_dim, 2, dtype=torch.float32) / a.head_dim))
+        ang = torch.outer(torch.arange(a.max_positions, dtype=torch.float32), inv)
+        self.cos, self.sin = ang.cos().to(device).contiguous(), ang.sin().to(device).contiguous()
+        assert self.cos.shape[1] == half
+        self.rmax = rmax = ROWS
+        self.slots = min(a.max_positions, max_context) + rmax
+        kv = (a.layers, a.kv_heads, self.slots, a.head_dim)
+        # Zeros, not empty: a masked slot still enters P·V with weight 0, and 0 · NaN = NaN.
+        self.kc = torch.zeros(kv, device=device, dtype=torch.bfloat16)
+        self.vc = torch.zeros(kv, device=device, dtype=torch.bfloat16)
+        # One packed int32 input buffer: tokens | positions | start | mask [rmax, rmax].
+        self._n_in = 2 * rmax + 1 + rmax * rmax
+        pin = device.type == "cuda"  # (a CPU device runs the kernels under TRITON_INTERPRET, for tests)
+        self.inp_host = torch.zeros(self._n_in, dtype=torch.int32, pin_memory=pin)
+        self.inp_np = self.inp_host.numpy()
+        self.inp = torch.zeros(self._n_in, dtype=torch.int32, device=device)
+        self.tokens, self.posn = self.inp[:rmax], self.inp[rmax : 2 * rmax]
+        self.start = self.inp[2 * rmax : 2 * rmax + 1]
+        self.mask = self.inp[2 * rmax + 1 :].view(rmax, rmax)
+        hq = a.heads * a.head_dim
+        self.x = torch.zeros(rmax, a.hidden, device=device, dtype=torch.bfloat16)
+        self.q = torch.zeros(rmax, hq, device=device, dtype=torch.bfloat16)
+        self.o = torch.zeros(rmax, hq, device=device, dtype=torch.bfloat16)
+        self.h = torch.zeros(rmax, a.intermediate, device=device, dtype=torch.bfloat16)
+        self.tiles = triton.cdiv(a.vocab, HEAD["BN"])
+        self.vals = torch.zeros(rmax, self.tiles, device=device, dtype=torch.float32)
+        self.idxs = torch.zeros(rmax, self.tiles, device=device, dtype=torch.int32)
+        self.out = torch.zeros(rmax, device=device, dtype=torch.int64)
+        self.out_host = torch.zeros(rmax, dtype=torch.int64, pin_memory=pin)
+        self.hid = torch.zeros(rmax, a.hidden, device=device, dtype=torch.bfloat16)  # for a head mechanism
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.eager = device.type != "cuda"  # True: launch the kernels one by one (profiling; interpreter)
+
+    @property
+    def capacity(self) -> int:
+        return self.slots - self.rmax
+
+    def setup_cache(self, batch: int, max_len: int) -> None:
+        """The cache is static on CUDA (graphs hold its address): check that a request fits."""
+        if batch != 1 or max_len > self.capacity:
+            raise RefspecError(
+                f"a request of {max_len} tokens does not fit the CUDA cache of {self.capacity} slots; "
+                "raise runtime.max_context in refspec.toml or shorten the request"
+            )
+
+    # -- the pass ----------------------------------------------------------------------------------
+
+    def _layers(self, rows: int) -> None:
+        a, grid_m = self.args, triton.cdiv(rows, BM)
+        torch.index_select(self.embed, 0, self.tokens[:rows], out=self.x[:rows])
+        group = a.heads // a.kv_heads
+        for i, (ln1, wqkv, wo, ln2, wgu, wd) in enumerate(self.layers):
+            K.norm_qkv_rope[(a.heads + 2 * a.kv_heads, a.head_dim // 2 // QKV["BH"], grid_m)](
+                self.x, ln1, wqkv, self.cos, self.sin, self.posn, self.start, self.q, self.kc[i], self.vc[i],
+                rows, a.rms_eps, self.slots, HQ=a.heads, HK=a.kv_heads, D=a.head_dim, K=a.hidden, BM=BM, **QKV)  # fmt: skip
+            K.attention[(a.heads, grid_m)](
+                self.q, self.kc[i], self.vc[i], self.mask, self.start, self.o, rows, self.rmax, self.slots,
+                1.4426950408889634 / math.sqrt(a.head_dim), HQ=a.heads, GROUP=group, D=a.head_dim, BM=BM, **ATTN)  # fmt: skip
+            K.linear_residual[(a.hidden // LIN_O["BN"], grid_m)](
+                self.o, wo, self.x, rows, N=a.hidden, K=a.heads * a.head_dim, BM=BM, **LIN_O
+            )
+            K.norm_gate_up[(a.intermediate // GATE_UP["BN"], grid_m)](
+                self.x, ln2, wgu, self.h, rows, a.rms_eps, INTER=a.intermediate, K=a.hidden, BM=BM, **GATE_UP
+            )
+            K.linear_residual[(a.hidden // LIN_DOWN["BN"], grid_m)](
+                self.h, wd, self.x, rows, N=a.hidden, K=a.intermediate, BM=BM, **LIN_DOWN
+            )
+
+    def _pass(self, rows: int, hidden: bool) -> None:
+        """The whole verification pass: layers, then each row's argmax in `out` (or, for a head
+        mechanism, the final-norm hidden states in `hid`)."""
+        a = self.args
+        self._layers(rows)
+        if hidden:  # HF's RMSNorm, op for op
+            x = self.x[:rows].float()
+            self.hid[:rows] = (
+                self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + a.rms_eps)).bfloat16()
+            )
+            return
+        K.norm_head[(self.tiles, triton.cdiv(rows, BM))](
+            self.x, self.norm, self.head, self.vals, self.idxs, rows, a.rms_eps, a.vocab, self.tiles,
+            K=a.hidden, BM=BM, **HEAD)  # fmt: skip
+        K.argmax_reduce[(rows,)](
+            self.vals, self.idxs, self.out, self.tiles, BT=triton.next_power_of_2(self.tiles)
+        )
+
+    def capture(self, rows: int, hidden: bool = False) -> None:
+        """Capture the pass of a bucket as a CUDA graph (run once eagerly first: Triton compiles there)."""
+        n = bucket(rows)
+        if (n, hidden) in self.graphs:
+            return
+        if n > self.rmax:
+            raise RefspecError(
+                f"a pass of {rows} rows exceeds the CUDA path's {self.rmax} rows; verify fewer nodes"
+            )
+        self.mask[:n, :n] = torch.eye(n, dtype=torch.int32, device=self.device)
+        # The warm-up launch writes K/V at slots start..: point it at the scratch slots past the
+        # capacity, so a capture in the middle of a request leaves the cache as it was.
+        self.start.fill_(self.capacity)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        try:
+            with torch.cuda.stream(stream):
+                self._pass(n, hidden)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                self._pass(n, hidden)
+        except torch.cuda.OutOfMemoryError:
+            raise RefspecError(
+                f"out of GPU memory while capturing the {n}-row graph; free the GPU or lower runtime.max_context"
+            ) from None
+        torch.cuda.synchronize(self.device)
+        self.graphs[(n, hidden)] = graph
+
+    def verify(self, tokens: list[int], positions: list[int], start: int, mask: list[list[bool]] | None,
+               head=None) -> list[int]:  # fmt: skip
+        """Each row's argmax: rows at slots start.., RoPE `positions`, tail `mask` (None: causal);
+        `head` (a mechanism's) replaces the LM head's argmax over the final-norm hidden states."""
+        r = len(tokens)
+        n = bucket(r)
+        if start + n > self.slots:
+            raise RefspecError(f"context of {start + r} tokens exceeds the cache's {self.capacity} slots; "
+                               "raise runtime.max_context")  # fmt: skip
+        graphs, hidden = not self.eager, head is not None
+        if graphs:
+            self.capture(n, hidden)
+        rmax, host = self.rmax, self.inp_np
+        host[:r] = tokens
+        host[r:n] = 0
+        host[rmax : rmax + r] = positions
+        host[rmax + r : rmax + n] = positions[-1]
+        host[2 * rmax] = start
+        m = host[2 * rmax + 1 : 2 * rmax + 1 + n * rmax].reshape(n, rmax)
+        m[:] = 0
+        m[:r, :r] = (
+            np.tril(np.ones((r, r), dtype=np.int32)) if mask is None else np.asarray(mask, dtype=np.int32)
+        )
+        m[range(r, n), range(r, n)] = 1  # padding rows see only themselves
+        host = self.inp_host
+        used = 2 * rmax + 1 + n * rmax
+        self.inp[:used].copy_(host[:used], non_blocking=True)
+        if graphs:
+            self.graphs[(n, hidden)].replay()
+        else:
+            self._pass(n, hidden)
+        if hidden:
+            return head.argmax(self.hid[:r])
+        if self.device.type != "cuda":
+            return self.out[:r].tolist()
+        self.out_host[:r].copy_(self.out[:r], non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return self.out_host[:r].tolist()
+
+    def prefill(self, tokens: list[int], start: int) -> None:
+        """Write the K/V of prompt tokens at slots start.. (eager launches, causal, no logits)."""
+        for s in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = tokens[s : s + PREFILL_CHUNK]
+            r, at = len(chunk), start + s
+            if at + r > self.slots:
+                raise RefspecError(f"context of {at + r} tokens exceeds the cache's {self.capacity} slots")
+            self.tokens[:r].copy_(torch.tensor(chunk, dtype=torch.int32))
+            self.posn[:r].copy_(torch.arange(at, at + r, dtype=torch.int32))
+            self.start.fill_(at)
+            self.mask[:r, :r] = torch.ones(r, r, dtype=torch.int32, device=self.device).tril()
+            self._layers(r)
+
+    def move_kv(self, src: list[int], dst: list[int]) -> None:
+        """Copy the K/V of slots `src` to slots `dst` (a tree's accepted path, compacted)."""
+        s = torch.tensor(src, device=self.device)
+        d = torch.tensor(dst, device=self.device)
+        for cache in (self.kc, self.vc):
+            cache.index_copy_(2, d, cache.index_select(2, s))
