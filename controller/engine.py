@@ -16,7 +16,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,11 +24,12 @@ from typing import Protocol
 
 from specpilot.deployments import Deployment, Home
 
+from .confine import Launch
 from .slots import Slot
 
 READY_TIMEOUT_S = 600.0
-# A system sees only these variables of the controller's environment (no PYTHONPATH of ours, no
-# database URL, no API key) plus what the adapter sets.
+# A server system (SGLang) sees only these variables of the controller's environment (no
+# PYTHONPATH of ours, no database URL, no API key) plus what its adapter sets.
 PASS_ENV = {"PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "LD_LIBRARY_PATH", "CUDA_HOME",
             "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"}  # fmt: skip
 
@@ -73,36 +73,72 @@ class RunningSystem(Protocol):
     def run(self, request: Request, timeout_s: float) -> RequestResult: ...
     def stop(self) -> None: ...
     def usage(self) -> dict: ...
+    def pause(self, on: bool) -> None: ...
+    def pids(self) -> list[int]: ...
 
 
 class EngineAdapter(Protocol):
-    """Starts a system from a source tree on a slot."""
+    """Starts a system (tree hash, its export) on a slot; `prepare` fills its compile cache once."""
 
-    def start(self, tree: Path, slot: Slot, log: Path) -> RunningSystem: ...
+    def start(self, tree: str, path: Path, slot: Slot, log: Path, role: str = "A",
+              prepare: bool = False) -> RunningSystem: ...  # fmt: skip
+    def prepare(self, tree: str, path: Path, slot: Slot, log: Path, role: str) -> float | None: ...
 
 
-class _LineProcess:
-    """A subprocess speaking JSON lines, its stdout read by a thread that timestamps each line."""
+MAX_LINE = 4 << 20  # a line longer than this is a flood, not protocol
 
-    def __init__(self, cmd: list[str], cwd: Path, env: dict[str, str], log: Path, cpu_core: int | None):
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it (host pids), from /proc."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class LineProcess:
+    """A confined subprocess speaking JSON lines, its stdout read by a thread that timestamps each line."""
+
+    def __init__(self, launch: Launch, cwd: Path, log: Path, cpu_core: int | None):
         log.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path = log
-        self._log = open(log, "w")  # noqa: SIM115 — closed in stop()
+        self.log_path, self.launch = log, launch
+        self._log = open(log, "wb")  # noqa: SIM115 — closed in stop()
+        self._log.write(f"$ {' '.join(launch.argv)}\n".encode())
+        self._log.flush()
         self.cpu_core = cpu_core
         preexec = (lambda: os.sched_setaffinity(0, {cpu_core})) if cpu_core is not None else None
         self.t_start = time.perf_counter()
         self.proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-            text=True, bufsize=1, preexec_fn=preexec, start_new_session=True,
+            launch.argv, cwd=cwd, env=launch.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._log, preexec_fn=preexec, start_new_session=True,
         )  # fmt: skip
-        self.lines: queue.Queue[tuple[float, str | None]] = queue.Queue()
+        self.lines: queue.Queue[tuple[float, bytes | None]] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self._cpu_s = 0.0
+        self.paused = False
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        while line := self.proc.stdout.readline(MAX_LINE):
             self.lines.put((time.perf_counter(), line))
         self.lines.put((time.perf_counter(), None))  # end of output: the process is gone
 
@@ -125,13 +161,17 @@ class _LineProcess:
                 ) from None
             if line is None:
                 code = self.proc.wait()
-                raise SystemFailed(f"system exited with code {code} while {what}", self.log_tail())
+                why = " (it wrote a file past the size limit)" if code == 128 + signal.SIGXFSZ else ""
+                raise SystemFailed(f"system exited with code {code}{why} while {what}", self.log_tail())
+            if len(line) >= MAX_LINE and not line.endswith(b"\n"):
+                raise SystemFailed(f"system flooded its output: a line of more than {MAX_LINE >> 20} MiB while {what}",
+                                   self.log_tail())  # fmt: skip
             line = line.strip()
             if not line:
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, UnicodeDecodeError):
                 raise SystemFailed(f"system printed a line that is not JSON while {what}: {line[:200]!r}",
                                    self.log_tail()) from None  # fmt: skip
             if isinstance(obj, dict):
@@ -142,28 +182,43 @@ class _LineProcess:
         assert self.proc.stdin is not None
         t = time.perf_counter()
         try:
-            self.proc.stdin.write(json.dumps(obj) + "\n")
+            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise SystemFailed("system closed its input", self.log_tail()) from None
         return t
 
+    def pause(self, on: bool) -> None:
+        """Freeze (or thaw) the whole system while the other one has its turn on the same device."""
+        cg = self.launch.cgroup
+        if cg is not None:
+            cg.freeze(on)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
+        self.paused = on
+
+    def pids(self) -> list[int]:
+        cg = self.launch.cgroup
+        return cg.pids() if cg is not None else process_tree(self.proc.pid)
+
     def usage(self) -> dict:
-        """CPU seconds used, wall seconds alive, and the cores the process may run on now."""
-        out = {"wall_s": time.perf_counter() - self.t_start, "cpu_s": self._cpu_s, "cores": None}
-        try:
-            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-            fields = stat.rsplit(")", 1)[1].split()
-            ticks = os.sysconf("SC_CLK_TCK")
-            out["cpu_s"] = self._cpu_s = (int(fields[11]) + int(fields[12])) / ticks
-            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        """CPU seconds used (every thread and child), wall seconds alive, and where it may run."""
+        out = {"wall_s": time.perf_counter() - self.t_start, "cpu_s": self._cpu_s, "cores": None,
+               "cpuset": self.launch.cgroup is not None}  # fmt: skip
+        with contextlib.suppress(OSError, StopIteration, ValueError):
+            cg = self.launch.cgroup
+            pids = self.pids()
+            out["cpu_s"] = self._cpu_s = cg.cpu_seconds() if cg is not None else sum(map(_cpu_seconds, pids))
+            status = Path(f"/proc/{pids[-1]}/status").read_text()
             out["cores"] = next(line.split(":", 1)[1].strip() for line in status.splitlines()
                                 if line.startswith("Cpus_allowed_list"))  # fmt: skip
-        except (OSError, StopIteration, IndexError, ValueError):
-            pass
         return out
 
     def stop(self, grace_s: float = 10.0) -> None:
+        if self.paused:
+            with contextlib.suppress(OSError):
+                self.pause(False)
         if self.proc.poll() is None:
             try:
                 self.send({"shutdown": True})
@@ -173,28 +228,29 @@ class _LineProcess:
                 pass
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace_s)
-        # Whatever the system left behind (threads, children) goes with its process group.
+        # Whatever the system left behind (threads, children) goes with its process group and cgroup.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self._reader.join(timeout=5)
         self._log.close()
+        self.launch.cleanup()
 
 
 class JsonLinesSystem:
     """A system speaking the JSON-lines serve protocol (ARCHITECTURE §4)."""
 
-    def __init__(self, process: _LineProcess):
+    def __init__(self, process: LineProcess):
         self.p = process
         self.ready: dict = {}
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict:
         deadline = time.perf_counter() + timeout_s
         while True:
-            _, obj = self.p.next_event(deadline, "loading")
+            t, obj = self.p.next_event(deadline, "loading")
             if obj.get("ready") is True:
-                self.ready = obj
-                return obj
+                self.ready = obj | {"_ready_s": t - self.p.t_start}  # on the controller's clock
+                return self.ready
 
     def run(self, request: Request, timeout_s: float) -> RequestResult:
         t_send = self.p.send(
@@ -231,26 +287,18 @@ class JsonLinesSystem:
     def usage(self) -> dict:
         return self.p.usage()
 
+    def pause(self, on: bool) -> None:
+        self.p.pause(on)
 
-@dataclass(frozen=True)
-class RefspecAdapter:
-    """`python -m refspec.serve` from a source tree, the tree alone on PYTHONPATH."""
-
-    dep: Deployment
-    home: Home
-
-    def start(self, tree: Path, slot: Slot, log: Path) -> JsonLinesSystem:
-        cmd = [sys.executable, "-s", "-m", "refspec.serve", "--device", slot.device_arg(),
-               "--model", self.dep.target.model, "--cache", str(self.home.cache)]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if k in PASS_ENV}
-        env.update(slot.env(), PYTHONPATH=str(tree), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-        core = slot.index if slot.kind == "cpu" else None
-        return JsonLinesSystem(_LineProcess(cmd, cwd=tree, env=env, log=log, cpu_core=core))
+    def pids(self) -> list[int]:
+        return self.p.pids()
 
 
 def adapter_for(dep: Deployment, home: Home) -> EngineAdapter:
     """The adapter that starts the deployment's systems: refspec's JSON lines, or SGLang servers."""
     if dep.engine == "refspec":
+        from .refspec_system import RefspecAdapter
+
         return RefspecAdapter(dep, home)
     if dep.engine == "sglang":
         from .sglang import SglangAdapter

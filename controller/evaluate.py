@@ -1,34 +1,47 @@
 """The controller's judgements: stock noise (A/A) and candidate-vs-baseline comparisons.
 
-Every judgement checks the controller's own digest first, takes the deployment's two slots under
-a lease, runs from clean exports of the workspace repository (never an agent's worktree), writes
-its raw timestamps to `<home>/runs/<run id>.jsonl`, and stores the run and the verdict.
+Every judgement checks the controller's own digest first, takes the deployment's slots under a
+lease, runs from clean exports of the workspace repository (never an agent's worktree; each
+export re-hashed around every period), on requests drawn afresh from the pool (context.py),
+writes its raw timestamps to `<home>/runs/<run id>.jsonl`, and stores the run and the verdict.
+
+A comparison is sequential (stats.py): blocks are added until a look decides it, the time budget
+is spent, or `max_blocks` is reached. A block with other load on its slots is set aside (named in
+the verdict) and measured again; a comparison where more than a quarter of the blocks were
+disturbed gets no verdict.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from specpilot.deployments import Deployment, Home, SpecPilotError
-from specpilot.deployments.workloads import load_requests, request_file
 from specpilot.memory_store import connect, records
+from specpilot.memory_store.gittree import write_tree
 
+from . import checks
+from .audit import audit_json, audit_outputs, contexts
+from .context import (
+    digest,
+    draw_requests,
+    protected_paths,
+    slots_of,
+    systems_cache,
+    tuning_requests,
+    workspace_repo,
+)
 from .engine import Request, SystemFailed, adapter_for
-from .forcing import AuditResult, audit
-from .integrity import check_digest
 from .paired import PairedRun, paired_run
-from .slots import Slot, lease
-from .stats import decide, noise_sigma, noisier_than_stock, paired_stats, within_request_spread
-from .systems import ENGINE_PROTECTED, CandidateRefused, SystemTree, apply_candidate, checkout
+from .slots import lease
+from .stats import MIN_LOOK, decide, look_levels, paired_stats, pooled_sd, sigma_for
+from .systems import CandidateRefused, SystemTree, apply_candidate, checkout, tree_of
 
 Progress = Callable[[str], None]
-
-# A comparison whose within-request spread exceeds stock's A/A spread at this p-value gets no verdict.
-NOISE_P = 0.01
+MAX_DISTURBED = 0.25  # share of blocks that may be set aside for other load before a run gets no verdict
 
 
 @dataclass
@@ -51,80 +64,122 @@ class Evaluation:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-def workspace_repo(home: Home, dep: Deployment) -> Path:
-    repo = home.workspaces / dep.name / "repo"
-    if not (repo / ".git").is_dir():
+def _store(db, dep: Deployment, run_id: str | None, base: str, cand: str, approved: bool, changed: bool,
+           gain: float, lb: float, sigma: float, threshold: float, reasons: list[str], evidence: dict) -> Evaluation:  # fmt: skip
+    vid = records.add_verdict(db, dep.name, run_id, base, cand, approved, changed, gain, lb, sigma, threshold,
+                              "blocks", reasons, evidence)  # fmt: skip
+    return Evaluation(vid, run_id, dep.name, base, cand, approved, changed, gain, lb, sigma, threshold, "blocks",
+                      reasons, evidence)  # fmt: skip
+
+
+def noise_state(db, dep: Deployment) -> dict[str, Any]:
+    noise = records.get_state(db, dep.name, "noise")
+    if noise is None or "runs" not in noise:
         raise SpecPilotError(
-            f"no workspace for {dep.name!r} under {home.workspaces}; run `specpilot workspace init --deployment {dep.name}`"
+            f"no stock noise for {dep.name!r} yet; run `specpilot phase0 --deployment {dep.name}` "
+            f"(or `specpilot controller noise --deployment {dep.name}`) first"
         )
-    return repo
+    return noise
 
 
-def systems_cache(home: Home, dep: Deployment) -> Path:
-    return home.workspaces / dep.name / "systems"
+def _tree_check(repo, systems: list[SystemTree]) -> Callable[[], None]:
+    """Re-hash the exports: a changed export stops the run (and is dropped, to be exported again)."""
+
+    def check() -> None:
+        for s in systems:
+            got = write_tree(repo, s.path)
+            if got != s.tree:
+                import shutil
+
+                shutil.rmtree(s.path, ignore_errors=True)
+                raise _Tampered(f"the export of {s.tree[:12]} changed during the run (now {got[:12]})")
+
+    return check
 
 
-def slots_of(dep: Deployment) -> tuple[Slot, Slot]:
-    if len(dep.devices.slots) < 2:
-        raise SpecPilotError(f"deployment {dep.name!r}: a paired run needs two slots in devices.slots")
-    s0, s1 = (Slot.parse(s) for s in dep.devices.slots[:2])
-    s0.check_exists()
-    s1.check_exists()
-    return s0, s1
+class _Tampered(Exception):
+    pass
 
 
-def requests_of(dep: Deployment, home: Home, limit: int | None = None) -> list[Request]:
-    reqs = [Request(r.id, r.input_ids, r.max_new_tokens) for r in load_requests(request_file(dep, home))]
-    return reqs[:limit] if limit else reqs
+class _Failed(Exception):
+    def __init__(self, run_id: str, error: Exception):
+        self.run_id, self.error = run_id, error
 
 
-def protected_paths(dep: Deployment) -> list[str]:
-    return ENGINE_PROTECTED.get(dep.engine, []) + list(dep.controller.protected)
+def _blocks(dep: Deployment, home: Home, db, kind: str, baseline: SystemTree, candidate: SystemTree,
+            reqs: list[Request], progress: Progress, *, fixed: int | None,
+            keep_going: Callable[[PairedRun, float], bool]) -> tuple[str, Any, PairedRun]:  # fmt: skip
+    """Blocks of a paired run (fixed many, or while `keep_going(run, elapsed)`), stored as one run."""
+    run_id = records.add_run(db, dep.name, kind, baseline.tree, candidate.tree)
+    raw = home.runs / f"{run_id}.jsonl"
+    check = _tree_check(workspace_repo(home, dep), [baseline, candidate])
+    t0, run = time.monotonic(), None
+    try:
+        with lease(home, slots_of(dep)) as slots:
+            while True:
+                run = paired_run(adapter_for(dep, home), baseline, candidate, slots, reqs, blocks=1,
+                                 warmup=dep.controller.warmup_requests, raw=raw, seed=int(run_id[:8], 16),
+                                 progress=progress, check_trees=check, run=run)  # fmt: skip
+                if (fixed is not None and len(run.blocks) >= fixed) or (
+                    fixed is None and not keep_going(run, time.monotonic() - t0)
+                ):
+                    break
+    except (SystemFailed, _Tampered) as e:
+        records.fail_run(db, run_id, f"{e}\n{getattr(e, 'log_tail', '')}")
+        raise _Failed(run_id, e) from None
+    return run_id, raw, run
 
 
-def _digest(db, dep: Deployment) -> str:
-    return check_digest(records.get_state(db, dep.name, "controller_digest"), dep.name)
+def quiet_blocks(run: PairedRun) -> list[list]:
+    return [b for b, d in zip(run.blocks, run.block_disturbances, strict=True) if not d]
 
 
 def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev: str = "stock",
                   progress: Progress = lambda _: None) -> dict[str, Any]:  # fmt: skip
-    """Stock against itself in the paired design; stores σ for the deployment and returns the figures."""
+    """Stock against itself in the paired design; adds its block gains to the deployment's A/A record."""
     db = connect(home)
-    digest = _digest(db, dep)
-    repo = workspace_repo(home, dep)
-    stock = checkout(repo, rev, systems_cache(home, dep))
-    blocks = blocks or dep.controller.blocks
-    run_id = records.add_run(db, dep.name, "noise", stock.tree, stock.tree)
-    raw = home.runs / f"{run_id}.jsonl"
+    dig = digest(db, dep, home)
+    stock = checkout(workspace_repo(home, dep), rev, systems_cache(home, dep))
+    reqs, draw = draw_requests(dep, home)
     try:
-        with lease(home, slots_of(dep)) as (s0, s1):
-            run = paired_run(adapter_for(dep, home), stock, stock, (s0, s1), requests_of(dep, home),
-                             blocks=blocks, warmup=dep.controller.warmup_requests, raw=raw, progress=progress)  # fmt: skip
-    except SystemFailed as e:
-        records.fail_run(db, run_id, f"{e}\n{e.log_tail}")
-        raise SpecPilotError(f"stock failed during the noise run: {e} (log: {raw.with_suffix('')})") from None
-    res = paired_stats(run.blocks)
-    within_var, within_df = within_request_spread(run.blocks)
-    figures = {"sigma": noise_sigma(res), "gain": res.gain, "lower_bound": res.lower_bound, "unit": res.unit,
-               "n": res.n, "block_gains": res.block_gains, "run_id": run_id, "tree": stock.tree,
-               "within_var": within_var, "within_df": within_df, "violations": run.violations,
-               "disturbances": run.disturbances}  # fmt: skip
-    records.finish_run(db, run_id, summary=figures, raw_path=str(raw))
-    if run.disturbances:
+        run_id, raw, run = _blocks(dep, home, db, "noise", stock, stock, reqs, progress,
+                                   fixed=blocks or dep.controller.blocks, keep_going=lambda *_: False)  # fmt: skip
+    except _Failed as f:
+        raise SpecPilotError(f"stock failed during the noise run: {f.error}") from None
+    quiet = quiet_blocks(run)
+    if len(quiet) < 2 or len(run.blocks) - len(quiet) > MAX_DISTURBED * len(run.blocks):
+        records.finish_run(db, run_id, summary={"disturbances": run.disturbances}, raw_path=str(raw))
         raise SpecPilotError(
-            f"the stock noise run was disturbed ({run.disturbances[0]}), so its σ was not stored; stop what "
-            f"else runs on the slots' cores and rerun `specpilot controller noise --deployment {dep.name}`"
+            f"the stock noise run was disturbed ({_summarize(run.disturbances)}), so its σ was not stored; stop "
+            f"what else runs on the slots and rerun `specpilot controller noise --deployment {dep.name}`"
         )
+    res = paired_stats(quiet)
+    logs = [math.log(g) for g in res.block_gains]
+    old = records.get_state(db, dep.name, "noise") or {}
+    runs = [*old.get("runs", []), {"run_id": run_id, "design": run.design, "block_logs": logs}]
+    sd, df = pooled_sd([r["block_logs"] for r in runs if r["design"] == run.design])
+    figures = {"design": run.design, "runs": runs, "pooled_sd": sd, "df": df, "sigma": sigma_for(sd, len(quiet)),
+               "gain": res.gain, "lower_bound": res.lower_bound, "n": res.n, "run_id": run_id, "tree": stock.tree,
+               "violations": checks.violations(run), "set_aside": len(run.blocks) - len(quiet), "draw": draw}  # fmt: skip
+    records.finish_run(db, run_id, summary=figures, raw_path=str(raw))
     records.set_state(db, dep.name, "noise", figures)
-    records.set_state(db, dep.name, "controller_digest", digest)
+    records.set_state(db, dep.name, "controller_digest", dig)
+    _record_speed(db, dep, stock.tree, run.design, checks.median_speed(run, "A"))
     return figures
 
 
-def _refused(db, dep: Deployment, baseline: SystemTree, cand_tree: str, why: str, sigma: float) -> Evaluation:
-    vid = records.add_verdict(db, dep.name, None, baseline.tree, cand_tree, False, False, 0.0, 0.0, sigma, 0.0,
-                              "requests", [f"refused: {why}"], {"refused": True})  # fmt: skip
-    return Evaluation(vid, None, dep.name, baseline.tree, cand_tree, False, False, 0.0, 0.0, sigma, 0.0,
-                      "requests", [f"refused: {why}"], {"refused": True})  # fmt: skip
+def _record_speed(db, dep: Deployment, tree: str, design: str, tok_s: float) -> None:
+    speeds = records.get_state(db, dep.name, "speeds") or {}
+    speeds[f"{tree}:{design}"] = tok_s
+    records.set_state(db, dep.name, "speeds", speeds)
+
+
+def _summarize(items: list[str]) -> str:
+    """Repeated findings once, with how often: 'X (4 times)'."""
+    counts: dict[str, int] = {}
+    for d in items:
+        counts[d] = counts.get(d, 0) + 1
+    return "; ".join(f"{d} ({n} times)" if n > 1 else d for d, n in counts.items())
 
 
 def compare(
@@ -137,209 +192,140 @@ def compare(
     audit_output: bool = True,
     progress: Progress = lambda _: None,
 ) -> Evaluation:
-    """Measure a candidate against a baseline, audit its output, and store the verdict."""
+    """Measure a candidate against a baseline (sequentially, or `blocks` blocks), audit its output,
+    and store the verdict."""
     db = connect(home)
-    _digest(db, dep)
-    noise = records.get_state(db, dep.name, "noise")
-    if noise is None:
-        raise SpecPilotError(
-            f"no stock noise for {dep.name!r} yet; run `specpilot phase0 --deployment {dep.name}` "
-            f"(or `specpilot controller noise --deployment {dep.name}`) first"
-        )
-    sigma = float(noise["sigma"])
-    repo = workspace_repo(home, dep)
-    cache = systems_cache(home, dep)
+    digest(db, dep, home)
+    noise = noise_state(db, dep)
+    repo, cache = workspace_repo(home, dep), systems_cache(home, dep)
     baseline = checkout(repo, baseline_rev, cache)
     try:
         candidate = apply_candidate(repo, baseline, candidate_rev, protected_paths(dep), cache)
     except CandidateRefused as e:
-        from .systems import tree_of
+        return _store(db, dep, None, baseline.tree, tree_of(repo, candidate_rev), False, False, 0.0, 0.0,
+                      float(noise["sigma"]), 0.0, [f"refused: {e}"], {"refused": True})  # fmt: skip
+    reqs, draw = draw_requests(dep, home)
+    c = dep.controller
+    sd = float(noise["pooled_sd"])
+    state: dict[str, Any] = {}
 
-        return _refused(db, dep, baseline, tree_of(repo, candidate_rev), str(e), sigma)
-    reqs = requests_of(dep, home)
+    def keep_going(run: PairedRun, elapsed: float) -> bool:
+        quiet = quiet_blocks(run)
+        state.setdefault("t", []).append(elapsed)
+        if (
+            run.violations
+            or checks.violations(run)
+            or len(run.blocks) - len(quiet) > max(1, MAX_DISTURBED * len(run.blocks))
+        ):
+            return False
+        if len(quiet) < MIN_LOOK:  # a verdict needs MIN_LOOK quiet blocks, whatever the budget
+            return len(run.blocks) < c.max_blocks
+        final = elapsed >= c.budget_s or len(run.blocks) >= c.max_blocks
+        if (
+            "k_max" not in state
+        ):  # planned looks: fixed at the first look from the blocks' pace (not their gains)
+            t = state["t"]
+            pace = (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else t[0]
+            state["k_max"] = max(
+                MIN_LOOK, min(c.max_blocks, int(len(quiet) + (c.budget_s - elapsed) / max(pace, 1e-3)))
+            )
+        verdict, _ = _look(run, quiet, state["k_max"], sd, c, final or len(quiet) >= state["k_max"])
+        return not verdict.decided
+
     try:
-        run_id, raw, run = _measure(dep, home, db, baseline, candidate, reqs, blocks, progress)
+        run_id, raw, run = _blocks(dep, home, db, "paired", baseline, candidate, reqs, progress, fixed=blocks,
+                                   keep_going=keep_going)  # fmt: skip
     except _Failed as f:
         reason = f"a system failed during the paired run: {f.error}"
-        vid = records.add_verdict(db, dep.name, f.run_id, baseline.tree, candidate.tree, False, False, 0.0, 0.0,
-                                  sigma, 0.0, "requests", [reason], {"log_tail": f.error.log_tail})  # fmt: skip
-        return Evaluation(vid, f.run_id, dep.name, baseline.tree, candidate.tree, False, False, 0.0, 0.0, sigma,
-                          0.0, "requests", [reason], {"log_tail": f.error.log_tail})  # fmt: skip
-    res = paired_stats(run.blocks)
+        return _store(db, dep, f.run_id, baseline.tree, candidate.tree, False, False, 0.0, 0.0, float(noise["sigma"]),
+                      0.0, [reason], {"log_tail": getattr(f.error, "log_tail", ""), "draw": draw})  # fmt: skip
+    quiet = quiet_blocks(run)
     changed = run.changes_output()
-    spread = within_request_spread(run.blocks)
-    extra = [f"integrity: {v}" for v in run.violations] + _measurement_reasons(run, spread, noise)
+    fatal = [f"integrity: {v}" for v in run.violations + checks.violations(run)]
+    speeds = records.get_state(db, dep.name, "speeds") or {}
+    fatal += [
+        f"integrity: {v}" for v in checks.baseline_slowed(run, speeds.get(f"{baseline.tree}:{run.design}"))
+    ]
+    set_aside = len(run.blocks) - len(quiet)
+    if set_aside > max(1, MAX_DISTURBED * len(run.blocks)) or (set_aside and len(quiet) < MIN_LOOK):
+        fatal.append(f"measurement disturbed in {set_aside} of {len(run.blocks)} blocks "
+                     f"({_summarize(run.disturbances)}): no verdict")  # fmt: skip
+    elif len(quiet) < MIN_LOOK and not fatal:
+        fatal.append(f"only {len(quiet)} blocks were measured (a verdict needs {MIN_LOOK}): no verdict")
+    if len(quiet) < 2:
+        evidence = {"draw": draw, "violations": fatal, "disturbances": run.disturbances, "raw": str(raw)}
+        records.finish_run(db, run_id, summary={"blocks": len(run.blocks)}, raw_path=str(raw))
+        return _store(db, dep, run_id, baseline.tree, candidate.tree, False, bool(changed), 0.0, 0.0,
+                      float(noise["sigma"]), 0.0, fatal, evidence)  # fmt: skip
+    verdict, res = _look(run, quiet, state.get("k_max", max(MIN_LOOK, len(quiet))), sd, c, True, fatal)
     audit_summary: dict[str, Any] | None = None
-    if audit_output:
+    if audit_output and verdict.approved:
         progress("token-forcing audit")
-        result = audit_outputs(dep, home, db, reqs, run.outputs["B"])
-        audit_summary = audit_json(result, _contexts(dep, home, result, run.outputs["B"]))
-        extra += result.reasons
-    verdict = decide(res, sigma, changes_output=bool(changed), min_gain=dep.controller.min_gain,
-                     output_change_gain=dep.controller.output_change_gain, extra_reasons=extra)  # fmt: skip
+        result = audit_outputs(dep, home, db, reqs, run.outputs["B"], run.outputs["A"])
+        audit_summary = audit_json(result, contexts(dep, home, result, run.outputs["B"]))
+        if result.reasons:
+            verdict, res = _look(
+                run, quiet, state.get("k_max", len(quiet)), sd, c, True, fatal + result.reasons
+            )
+    sigma = sigma_for(sd, len(quiet))
     evidence = {
-        "block_gains": res.block_gains, "n": res.n, "log_sd": res.log_sd, "notes": verdict.notes,
-        "changed_requests": changed, "violations": run.violations, "disturbances": run.disturbances,
-        "within_var": spread[0], "requests": len(reqs),
-        "warmup": dep.controller.warmup_requests, "raw": str(raw), "audit": audit_summary,
-        "noise_run": noise.get("run_id"),
+        "design": run.design, "block_gains": res.block_gains, "n": res.n, "log_sd": res.log_sd,
+        "level": res.level, "notes": verdict.notes, "changed_requests": changed, "violations": fatal,
+        "disturbances": run.disturbances, "set_aside": set_aside, "requests": len(reqs), "draw": draw,
+        "warmup": c.warmup_requests, "raw": str(raw), "audit": audit_summary,
+        "noise_runs": [r["run_id"] for r in noise["runs"]], "k_max": state.get("k_max"),
+        "ready_s": [{lb: u.get("ready_s") for lb, u in p.usage.items()} for p in run.periods],
     }  # fmt: skip
-    records.finish_run(db, run_id, summary={"gain": res.gain, "lower_bound": res.lower_bound, "unit": res.unit},
+    records.finish_run(db, run_id, summary={"gain": res.gain, "lower_bound": res.lower_bound, "blocks": res.n},
                        raw_path=str(raw))  # fmt: skip
-    vid = records.add_verdict(db, dep.name, run_id, baseline.tree, candidate.tree, verdict.approved, bool(changed),
-                              res.gain, res.lower_bound, sigma, verdict.threshold, res.unit, verdict.reasons,
-                              evidence)  # fmt: skip
-    return Evaluation(vid, run_id, dep.name, baseline.tree, candidate.tree, verdict.approved, bool(changed),
-                      res.gain, res.lower_bound, sigma, verdict.threshold, res.unit, verdict.reasons, evidence)  # fmt: skip
+    if verdict.approved:
+        _record_speed(db, dep, candidate.tree, run.design, checks.median_speed(run, "B"))
+    return _store(db, dep, run_id, baseline.tree, candidate.tree, verdict.approved, bool(changed), res.gain,
+                  res.lower_bound, sigma, verdict.threshold, verdict.reasons, evidence)  # fmt: skip
 
 
-def _measurement_reasons(run: PairedRun, spread: tuple[float, int], noise: dict[str, Any]) -> list[str]:
-    """Why this measurement cannot carry a verdict: other load on the slots, or a within-request
-    spread (`spread`: variance and degrees of freedom) that stock's A/A run never shows."""
-    reasons = [f"measurement disturbed: {d}; rerun on a quiet machine" for d in run.disturbances]
-    var, df = spread
-    stock_var, stock_df = noise.get("within_var", math.nan), int(noise.get("within_df", 0))
-    p = noisier_than_stock(var, df, stock_var, stock_df)
-    if p < NOISE_P:
-        reasons.append(
-            f"measurement too noisy: the same requests vary {math.sqrt(var):.1%} between blocks against "
-            f"{math.sqrt(stock_var):.1%} in stock's A/A run (F-test p = {p:.1e}); rerun on a quiet machine"
-        )
-    return reasons
-
-
-class _Failed(Exception):
-    def __init__(self, run_id: str, error: SystemFailed):
-        self.run_id, self.error = run_id, error
-
-
-def _measure(dep: Deployment, home: Home, db, baseline: SystemTree, candidate: SystemTree, reqs: list[Request],
-             blocks: int | None, progress: Progress):  # fmt: skip
-    """One stored paired run of candidate against baseline on the deployment's two leased slots."""
-    run_id = records.add_run(db, dep.name, "paired", baseline.tree, candidate.tree)
-    raw = home.runs / f"{run_id}.jsonl"
-    try:
-        with lease(home, slots_of(dep)) as (s0, s1):
-            run = paired_run(adapter_for(dep, home), baseline, candidate, (s0, s1), reqs,
-                             blocks=blocks or dep.controller.blocks, warmup=dep.controller.warmup_requests,
-                             raw=raw, progress=progress)  # fmt: skip
-    except SystemFailed as e:
-        records.fail_run(db, run_id, f"{e}\n{e.log_tail}")
-        raise _Failed(run_id, e) from None
-    return run_id, raw, run
+def _look(run: PairedRun, quiet: list, k_max: int, sd: float, c, final: bool, fatal: list[str] = ()):
+    """The sequential look at the quiet blocks so far: (Verdict, PairedStats)."""
+    alpha, beta = look_levels(len(quiet), k_max)
+    res = paired_stats(quiet, level=alpha, futility=beta)
+    verdict = decide(res, sigma_for(sd, len(quiet)), changes_output=bool(run.changes_output()),
+                     min_gain=c.min_gain, output_change_gain=c.output_change_gain, extra_reasons=fatal, final=final)  # fmt: skip
+    return verdict, res
 
 
 def quick_compare(dep: Deployment, home: Home, baseline_rev: str, candidate_rev: str, *, blocks: int = 1,
                   max_requests: int | None = 4, progress: Progress = lambda _: None) -> dict[str, Any]:  # fmt: skip
-    """A short paired measurement for a sub-agent: gain and bound, no audit, never a verdict.
+    """A short paired measurement for a sub-agent on the tuning requests: gain, never a verdict.
 
     Approval happens only in the round; this only tells an agent whether it is on the right track.
     """
     db = connect(home)
-    _digest(db, dep)
-    repo = workspace_repo(home, dep)
-    cache = systems_cache(home, dep)
+    digest(db, dep, home)
+    repo, cache = workspace_repo(home, dep), systems_cache(home, dep)
     baseline = checkout(repo, baseline_rev, cache)
     try:
         candidate = apply_candidate(repo, baseline, candidate_rev, protected_paths(dep), cache)
     except CandidateRefused as e:
         return {"refused": str(e), "note": "not a verdict: approval happens only in the round"}
-    reqs = requests_of(
-        dep, home, limit=(max_requests + dep.controller.warmup_requests) if max_requests else None
-    )
+    limit = (max_requests + dep.controller.warmup_requests) if max_requests else None
+    reqs = tuning_requests(dep, home, limit=limit)
     try:
-        run_id, _, run = _measure(dep, home, db, baseline, candidate, reqs, blocks, progress)
+        run_id, _, run = _blocks(dep, home, db, "quick", baseline, candidate, reqs, progress, fixed=blocks,
+                                 keep_going=lambda *_: False)  # fmt: skip
     except _Failed as f:
-        return {"failed": str(f.error), "log_tail": f.error.log_tail, "run_id": f.run_id}
+        return {"failed": str(f.error), "log_tail": getattr(f.error, "log_tail", ""), "run_id": f.run_id}
     res = paired_stats(run.blocks)
-    out = {"gain": res.gain, "lower_bound": res.lower_bound, "unit": res.unit, "n": res.n,
-           "changed_requests": run.changes_output(), "violations": run.violations,
-           "disturbances": run.disturbances, "run_id": run_id,
+    out = {"gain": res.gain, "blocks": res.n, "changed_requests": run.changes_output(),
+           "violations": run.violations + checks.violations(run), "disturbances": run.disturbances, "run_id": run_id,
            "candidate_tree": candidate.tree, "note": "not a verdict: approval happens only in the round"}  # fmt: skip
     records.finish_run(db, run_id, summary={"quick": True, **out})
     return out
 
 
-def audit_outputs(
-    dep: Deployment, home: Home, db, reqs: list[Request], outputs: dict[str, list[int]]
-) -> AuditResult:
-    """Score a system's outputs and compare them with stock's Phase 0 figures."""
-    from .phase0 import load_stock_scored
-    from .scorer import scorer_for
-
-    phase0 = records.get_state(db, dep.name, "phase0")
-    if phase0 is None:
-        raise SpecPilotError(
-            f"no Phase 0 for {dep.name!r}; run `specpilot phase0 --deployment {dep.name}` first"
-        )
-    stock = {s.id: s for s in load_stock_scored(Path(phase0["stock_scored"]))}
-    by_id = {r.id: r for r in reqs}
-    with scorer_for(dep, home) as scorer:
-        cand = [scorer.score(rid, by_id[rid].input_ids, toks) for rid, toks in outputs.items()]
-    return audit(cand, [stock[o.id] for o in cand if o.id in stock], float(phase0["delta"]))
-
-
-def _contexts(dep: Deployment, home: Home, result: AuditResult, outputs: dict[str, list[int]]) -> list[dict]:
-    """The first events with the text around them: `…before [system token|scorer's argmax]`."""
-    from tokenizers import Tokenizer
-
-    from specpilot.deployments.workloads.chat import target_folder
-
-    tok = Tokenizer.from_file(str(target_folder(dep, home) / "tokenizer.json"))
-    events = []
-    for e in result.events[:50]:
-        before = tok.decode(outputs[e.id][max(0, e.position - 12) : e.position])
-        d = asdict(e)
-        d["context"] = f"{before}[{tok.decode([e.token])}|{tok.decode([e.argmax])}]".replace("\n", "⏎")
-        events.append(d)
-    return events
-
-
-def audit_json(result: AuditResult, events: list[dict] | None = None) -> dict[str, Any]:
-    return {
-        "passed": result.passed, "rate": result.rate, "mismatches": result.mismatches, "positions": result.positions,
-        "stock_rate": result.stock_rate, "stock_mismatches": result.stock_mismatches,
-        "stock_positions": result.stock_positions, "delta": result.delta, "large": len(result.events),
-        "stock_large": result.stock_events, "p_large": result.p_large if math.isfinite(result.p_large) else None,
-        "unexplained": len(result.unexplained), "reasons": result.reasons,
-        "events": events if events is not None else [asdict(e) for e in result.events[:50]],
-    }  # fmt: skip
-
-
-def audit_system(
-    dep: Deployment, home: Home, rev: str, *, progress: Progress = lambda _: None
-) -> dict[str, Any]:
-    """Run one system on the deployment's first slot and audit its output against stock's."""
-    from .paired import run_period
-
-    db = connect(home)
-    _digest(db, dep)
-    system = checkout(workspace_repo(home, dep), rev, systems_cache(home, dep))
-    reqs = requests_of(dep, home)
-    run_id = records.add_run(db, dep.name, "audit", system.tree)
-    logs = home.runs / run_id
-    progress(f"running {system.tree[:12]} on every request")
-    try:
-        with lease(home, slots_of(dep)[:1]) as (s0,):
-            period = run_period(adapter_for(dep, home), {"S": system}, {"S": s0}, reqs, logs, "audit")
-    except SystemFailed as e:
-        records.fail_run(db, run_id, f"{e}\n{e.log_tail}")
-        raise SpecPilotError(f"the system failed during the audit: {e} (logs in {logs})") from None
-    outputs = {r.id: period.results["S"][r.id].tokens for r in reqs}
-    progress("scoring by token forcing")
-    result = audit_outputs(dep, home, db, reqs, outputs)
-    data = {
-        "tree": system.tree,
-        "run_id": run_id,
-        **audit_json(result, _contexts(dep, home, result, outputs)),
-    }
-    records.finish_run(db, run_id, summary=data, raw_path=str(logs))
-    return data
-
-
 def cost_report(dep: Deployment, home: Home, rev: str, *, max_requests: int | None = None) -> dict[str, Any]:
     """The cost-model report of a system (profile + exact replay on the first slot), as JSON data."""
     from specpilot.costmodel import measure
+    from specpilot.deployments.workloads import request_file
 
     system = checkout(workspace_repo(home, dep), rev, systems_cache(home, dep))
     s0 = slots_of(dep)[0]

@@ -88,12 +88,24 @@ def _counts(outputs: Sequence[ScoredOutput], threshold: float) -> tuple[int, int
     return positions, mism, large
 
 
-def audit(candidate: Sequence[ScoredOutput], stock: Sequence[ScoredOutput], delta: float) -> AuditResult:
-    """Compare a candidate's token-forcing figures with stock's on the same requests."""
+def audit(
+    candidate: Sequence[ScoredOutput],
+    stock: Sequence[ScoredOutput],
+    delta: float,
+    explained_at: set[tuple[str, int]] | None = None,
+) -> AuditResult:
+    """Compare a candidate's token-forcing figures with stock's (rates: the requests may differ).
+
+    A large mismatch is explained where stock mismatches at the same (request, position), or,
+    given `explained_at` (the positions where the baseline of the same run chose the same token),
+    there.
+    """
     large_at = 2 * delta
     pos, mism, large = _counts(candidate, large_at)
     s_pos, s_mism, s_large = _counts(stock, large_at)
-    stock_mismatch_at = {(o.id, i) for o in stock for i in o.mismatches()}
+    stock_mismatch_at = (
+        explained_at if explained_at is not None else {(o.id, i) for o in stock for i in o.mismatches()}
+    )
     events = [
         Event(o.id, i, o.tokens[i], o.argmax[i], o.margins[i], (o.id, i) in stock_mismatch_at)
         for o in candidate

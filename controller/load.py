@@ -56,4 +56,5 @@ def foreign_load(
         "foreign_s": foreign,
         "steal_s": after.steal_s - before.steal_s,
         "foreign_share": foreign / wall_s if wall_s > 0 else 0.0,
+        "disturbed": wall_s > 0 and foreign / wall_s > FOREIGN_SHARE_LIMIT,
     }

@@ -1,8 +1,17 @@
-"""Paired runs: blocks of two periods, fresh processes, baseline and candidate side by side.
+"""Paired runs: blocks with fresh processes, baseline A and candidate B on the same requests.
 
-Period 1 runs A on one slot and B on the other, concurrently, with the same request stream; period 2
-swaps the slots. Which arrangement comes first is drawn at random per block. Warm-up requests are
-served and discarded. Every timestamp is the controller's; every line is written to the raw file.
+Two designs, by the number of device slots:
+- **swapped** (two slots): a block is two periods; in one, A runs on slot 0 and B on slot 1
+  concurrently with the same request stream, in the other the slots are swapped, so a slot's own
+  speed cancels (d_i of stats.RequestSpeeds). Which arrangement comes first is drawn per block.
+- **interleaved** (one slot): both systems are loaded on it and take turns, one generating while the
+  other is frozen, in ABBA order: X serves half 1 of the requests, then Y serves it, then Y serves
+  half 2, then X (X, Y drawn per block). Each system serves each request once per process, so
+  nothing it keeps from one turn helps it in another, and a linear drift in the machine's speed
+  hits both systems alike over the block (d_i of stats.PairSpeeds).
+Warm-up requests are served first and discarded. Every timestamp is the controller's; every line
+is written to the raw file. What each system did besides answering (its CPU time, how long it took
+to be ready, other load on its core or GPU) is kept per turn for the checks in checks.py.
 """
 
 from __future__ import annotations
@@ -16,32 +25,56 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .engine import EngineAdapter, Request, RequestResult, SystemFailed
-from .load import FOREIGN_SHARE_LIMIT, core_times, foreign_load
+from .gpu_load import watch_for
+from .load import core_times, foreign_load
 from .slots import Slot
-from .stats import RequestSpeeds
+from .stats import PairSpeeds, RequestSpeeds
 from .systems import SystemTree
 
 # A request may take this long per new token (plus a fixed allowance) before the system is hung.
 SECONDS_PER_TOKEN_LIMIT = 2.0
-# A system may use this many CPU seconds per wall second on a one-core slot before it is flagged.
-CPU_SHARE_LIMIT = 1.15
+
+Turn = dict[str, list[Request]]  # system label -> the requests it serves in this turn (labels concurrently)
+
+
+@dataclass
+class TurnStats:
+    """What happened while a turn was served: per label its CPU seconds and serving window, and the
+    other load on each slot it used (CPU: /proc/stat; GPU: NVML)."""
+
+    labels: list[str]
+    wall_s: float
+    cpu_s: dict[str, float]
+    served_s: dict[str, float]  # from the turn's start to the label's last answer
+    load: dict[str, dict] = field(default_factory=dict)
+    gpu: dict[str, dict] = field(default_factory=dict)
+    disturbances: list[str] = field(default_factory=list)
 
 
 @dataclass
 class PeriodResult:
     results: dict[str, dict[str, RequestResult]]  # system label -> request id -> result
     slots: dict[str, Slot]  # system label -> slot
-    usage: dict[str, dict]  # system label -> cpu/wall/cores
-    load: dict[str, dict] = field(default_factory=dict)  # system label -> its CPU core's foreign load
+    usage: dict[str, dict]  # system label -> cpu/wall/cores at the end, ready_s
+    turns: list[TurnStats] = field(default_factory=list)
+
+    @property
+    def disturbances(self) -> list[str]:
+        return [d for t in self.turns for d in t.disturbances]
 
 
 @dataclass
 class PairedRun:
-    blocks: list[list[RequestSpeeds]] = field(default_factory=list)
+    design: str = "swapped"
+    blocks: list[list] = field(default_factory=list)  # per block: RequestSpeeds or PairSpeeds per request
     outputs: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # label -> id -> tokens
+    periods: list[PeriodResult] = field(default_factory=list)
+    block_disturbances: list[list[str]] = field(default_factory=list)  # per block
     violations: list[str] = field(default_factory=list)  # what the systems did that they must not
-    disturbances: list[str] = field(default_factory=list)  # what else ran on the slots meanwhile
-    periods: int = 0
+
+    @property
+    def disturbances(self) -> list[str]:
+        return [d for b in self.block_disturbances for d in b]
 
     def changes_output(self) -> list[str]:
         """Request ids on which B's tokens differ from A's."""
@@ -59,79 +92,85 @@ def _drive(system, requests: Sequence[Request], out: dict, errors: list, start: 
         start.abort()
 
 
+def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict) -> TurnStats:
+    """Serve one turn (its labels concurrently, the others frozen) and measure what else happened."""
+    labels = list(turn)
+    for label, system in systems.items():
+        system.pause(label not in turn)
+    cores = {lb: slots[lb].index for lb in labels if slots[lb].kind == "cpu"}
+    watches = {lb: w for lb in labels if (w := watch_for(slots[lb])) is not None}
+    ours = {pid for s in systems.values() for pid in s.pids()}
+    for w in watches.values():
+        w.start(ours)
+    errors: list[Exception] = []
+    barrier = threading.Barrier(len(labels))
+    threads = [threading.Thread(target=_drive, args=(systems[lb], turn[lb], results[lb], errors, barrier))
+               for lb in labels]  # fmt: skip
+    cpu0 = {lb: systems[lb].usage()["cpu_s"] for lb in labels}
+    t0, cores0, harness0 = time.perf_counter(), core_times(list(cores.values())), time.process_time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall, cores1, harness = (
+        time.perf_counter() - t0,
+        core_times(list(cores.values())),
+        time.process_time() - harness0,
+    )
+    gpu = {lb: w.stop() for lb, w in watches.items()}
+    if errors:
+        raise errors[0]
+    cpu = {lb: systems[lb].usage()["cpu_s"] - cpu0[lb] for lb in labels}
+    served = {lb: max(r.t_done for r in (results[lb][q.id] for q in turn[lb])) - t0 for lb in labels}
+    stats = TurnStats(labels, wall, cpu, served)
+    for lb, c in cores.items():
+        if c in cores0 and c in cores1:
+            stats.load[lb] = ld = foreign_load(cores0[c], cores1[c], cpu[lb], wall, harness)
+            if ld["disturbed"]:
+                stats.disturbances.append(
+                    f"other load on {slots[lb]}: {ld['foreign_share']:.0%} of the turn went to something besides "
+                    f"system {lb}")  # fmt: skip
+    for lb, report in gpu.items():
+        stats.gpu[lb] = report.to_json()
+        stats.disturbances += report.disturbances(str(slots[lb]))
+    return stats
+
+
 def run_period(
     adapter: EngineAdapter,
     trees: dict[str, SystemTree],
     slots: dict[str, Slot],
-    requests: Sequence[Request],
+    schedule: Sequence[Turn],
     logs: Path,
     tag: str,
 ) -> PeriodResult:
-    """Start every system fresh on its slot, serve the same requests concurrently, stop them all."""
+    """Start every system fresh on its slot (after its one prepare run), serve the schedule's
+    turns in order, stop them all. Labels of one turn run concurrently and need distinct slots."""
+    for label, tree in trees.items():
+        adapter.prepare(
+            tree.tree, tree.path, slots[label], logs / f"prepare-{label}-{tree.tree[:12]}.log", label
+        )
     systems: dict = {}
     try:
         for label, tree in trees.items():
-            systems[label] = adapter.start(
-                tree.path, slots[label], logs / f"{tag}-{label}-{slots[label].kind}{slots[label].index}.log"
-            )
-        for system in systems.values():
-            system.wait_ready()
+            slot = slots[label]
+            systems[label] = adapter.start(tree.tree, tree.path, slot, logs / f"{tag}-{label}-{slot.kind}{slot.index}.log",
+                                           label)  # fmt: skip
+        ready = {label: system.wait_ready() for label, system in systems.items()}
         results: dict[str, dict[str, RequestResult]] = {label: {} for label in systems}
-        errors: list[Exception] = []
-        start = threading.Barrier(len(systems))
-        threads = [threading.Thread(target=_drive, args=(systems[lb], requests, results[lb], errors, start))
-                   for lb in systems]  # fmt: skip
-        cores = {label: slots[label].index for label in systems if slots[label].kind == "cpu"}
-        t0, cores0 = time.perf_counter(), core_times(list(cores.values()))
-        own0 = {label: systems[label].usage()["cpu_s"] for label in cores}
-        harness0 = time.process_time()  # this process: the request threads that drive both systems
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        usage = {label: s.usage() for label, s in systems.items()}
-        wall, cores1 = time.perf_counter() - t0, core_times(list(cores.values()))
-        harness = time.process_time() - harness0
-        load = {label: foreign_load(cores0[c], cores1[c], usage[label]["cpu_s"] - own0[label], wall, harness)
-                for label, c in cores.items() if c in cores0 and c in cores1}  # fmt: skip
-        return PeriodResult(results, dict(slots), usage, load)
+        turns = [_serve_turn(systems, slots, turn, results) for turn in schedule]
+        usage = {label: s.usage() | {"ready_s": ready[label].get("_ready_s")} for label, s in systems.items()}
+        return PeriodResult(results, dict(slots), usage, turns)
     finally:
         for system in systems.values():
             system.stop()
-
-
-def _check_usage(period: PeriodResult) -> list[str]:
-    """One-core slots: a system that widened its affinity or burned more than one core is flagged."""
-    found = []
-    for label, u in period.usage.items():
-        slot = period.slots[label]
-        if slot.kind != "cpu":
-            continue
-        if u.get("cores") not in (None, str(slot.index)):
-            found.append(f"system {label} changed its CPU affinity on {slot} to {u['cores']}")
-        if u["wall_s"] > 5 and u["cpu_s"] > CPU_SHARE_LIMIT * u["wall_s"]:
-            found.append(f"system {label} used {u['cpu_s']:.1f} CPU-s in {u['wall_s']:.1f} s on one core")
-    return found
-
-
-def _check_load(period: PeriodResult) -> list[str]:
-    """A slot whose core spent more than the limit on anything but its system disturbed the period."""
-    return [
-        f"other load on {period.slots[label]}: {ld['foreign_s']:.1f} of {ld['wall_s']:.1f} s "
-        f"({ld['foreign_share']:.0%}, {ld['steal_s']:.1f} s stolen by the hypervisor) went to something "
-        f"besides system {label}"
-        for label, ld in period.load.items()
-        if ld["foreign_share"] > FOREIGN_SHARE_LIMIT
-    ]
 
 
 def paired_run(
     adapter: EngineAdapter,
     baseline: SystemTree,
     candidate: SystemTree,
-    slots: tuple[Slot, Slot],
+    slots: Sequence[Slot],
     requests: Sequence[Request],
     *,
     blocks: int,
@@ -139,45 +178,77 @@ def paired_run(
     raw: Path,
     seed: int = 0,
     progress: Callable[[str], None] = lambda _: None,
+    check_trees: Callable[[], None] = lambda: None,
+    run: PairedRun | None = None,
 ) -> PairedRun:
-    """Measure candidate B against baseline A; every line of evidence goes to the JSONL file `raw`."""
-    rng = random.Random(seed)
+    """Measure candidate B against baseline A for `blocks` more blocks (appended to `run` when
+    given); every line of evidence goes to the JSONL file `raw`. `check_trees` runs around every
+    period (it re-hashes the exports)."""
     trees = {"A": baseline, "B": candidate}
-    s0, s1 = slots
-    measured = list(requests[warmup:])
+    warm, measured = list(requests[:warmup]), list(requests[warmup:])
     if not measured:
         raise ValueError("no requests left after the warm-up")
-    run = PairedRun()
+    one_slot = len(set(slots)) == 1
+    run = run or PairedRun(design="interleaved" if one_slot else "swapped")
     raw.parent.mkdir(parents=True, exist_ok=True)
     logs = raw.with_suffix("")
     with open(raw, "a") as fh:
-        for b in range(blocks):
-            arrangements = [{"A": s0, "B": s1}, {"A": s1, "B": s0}]
-            rng.shuffle(arrangements)
-            periods = []
-            for p, arrangement in enumerate(arrangements):
-                progress(
-                    f"block {b + 1}/{blocks}, period {p + 1}/2: A on {arrangement['A']}, B on {arrangement['B']}"
-                )
-                period = run_period(adapter, trees, arrangement, requests, logs, f"b{b}p{p}")
-                run.violations += _check_usage(period)
-                run.disturbances += _check_load(period)
-                run.periods += 1
-                for label, res in period.results.items():
-                    for req in requests:
-                        r = res[req.id]
-                        fh.write(json.dumps({
-                            "block": b, "period": p, "system": label, "tree": trees[label].tree,
-                            "slot": str(arrangement[label]), "id": r.id, "warmup": req not in measured,
-                            "t_send": r.t_send, "t_done": r.t_done, "arrivals": r.arrivals,
-                            "tokens": r.tokens, "claims": r.claims, "usage": period.usage[label],
-                            "load": period.load.get(label),
-                        }) + "\n")  # fmt: skip
-                fh.flush()
-                periods.append(period)
-            run.blocks.append(_block_speeds(periods, measured, s0))
+        for _ in range(blocks):
+            b = len(run.blocks)
+            rng = random.Random(f"{seed}:{b}")
+            if one_slot:
+                periods = [
+                    _interleaved_period(adapter, trees, slots[0], warm, measured, logs, b, rng, progress)
+                ]
+            else:
+                periods = []
+                arrangements = [{"A": slots[0], "B": slots[1]}, {"A": slots[1], "B": slots[0]}]
+                rng.shuffle(arrangements)
+                for p, arr in enumerate(arrangements):
+                    progress(f"block {b + 1}, period {p + 1}/2: A on {arr['A']}, B on {arr['B']}")
+                    check_trees()
+                    periods.append(run_period(adapter, trees, arr, [{"A": warm + measured, "B": warm + measured}],
+                                              logs, f"b{b}p{p}"))  # fmt: skip
+            check_trees()
+            for p, period in enumerate(periods):
+                _write_raw(fh, period, trees, b, p, {r.id for r in warm})
+            fh.flush()
+            run.periods += periods
+            run.blocks.append(
+                _block_interleaved(periods[0], measured)
+                if one_slot
+                else _block_swapped(periods, measured, slots[0])
+            )
+            run.block_disturbances.append([d for p in periods for d in p.disturbances])
             run.violations += _record_outputs(run, periods, measured)
     return run
+
+
+def _interleaved_period(adapter, trees, slot, warm, measured, logs, b, rng, progress) -> PeriodResult:
+    """One block of the one-slot design: both loaded, turns X h1, Y h1, Y h2, X h2 (X, Y drawn)."""
+    x, y = rng.sample(["A", "B"], 2)
+    half = (len(measured) + 1) // 2
+    h1, h2 = measured[:half], measured[half:]
+    progress(f"block {b + 1}: {x}, {y}, {y}, {x} taking turns on {slot}")
+    schedule: list[Turn] = [{x: warm}, {y: warm}, {x: h1}, {y: h1}] if warm else [{x: h1}, {y: h1}]
+    if h2:
+        schedule += [{y: h2}, {x: h2}]
+    return run_period(adapter, trees, {"A": slot, "B": slot}, schedule, logs, f"b{b}")
+
+
+def _write_raw(
+    fh, period: PeriodResult, trees: dict[str, SystemTree], b: int, p: int, warm_ids: set[str]
+) -> None:
+    for label, res in period.results.items():
+        for r in res.values():
+            fh.write(json.dumps({
+                "block": b, "period": p, "system": label, "tree": trees[label].tree, "slot": str(period.slots[label]),
+                "id": r.id, "warmup": r.id in warm_ids, "t_send": r.t_send, "t_done": r.t_done, "arrivals": r.arrivals,
+                "tokens": r.tokens, "claims": r.claims, "usage": period.usage[label],
+            }) + "\n")  # fmt: skip
+    fh.write(
+        json.dumps({"block": b, "period": p, "turns": [vars(t) for t in period.turns]}, default=list) + "\n"
+    )
 
 
 def _record_outputs(run: PairedRun, periods: list[PeriodResult], measured: Sequence[Request]) -> list[str]:
@@ -195,7 +266,7 @@ def _record_outputs(run: PairedRun, periods: list[PeriodResult], measured: Seque
     return found
 
 
-def _block_speeds(periods: list[PeriodResult], measured: Sequence[Request], s0: Slot) -> list[RequestSpeeds]:
+def _block_swapped(periods: list[PeriodResult], measured: Sequence[Request], s0: Slot) -> list[RequestSpeeds]:
     speed: dict[tuple[str, str, str], float] = {}
     for period in periods:
         for label, res in period.results.items():
@@ -207,3 +278,8 @@ def _block_speeds(periods: list[PeriodResult], measured: Sequence[Request], s0: 
                       b_s0=speed[("B", "s0", r.id)], b_s1=speed[("B", "s1", r.id)])
         for r in measured
     ]  # fmt: skip
+
+
+def _block_interleaved(period: PeriodResult, measured: Sequence[Request]) -> list[PairSpeeds]:
+    a, b = period.results["A"], period.results["B"]
+    return [PairSpeeds(a=a[r.id].speed, b=b[r.id].speed) for r in measured]

@@ -21,10 +21,10 @@ from specpilot.deployments.knobs import set_knob
 from specpilot.deployments.stock.wheel import LAUNCH_FILE
 from specpilot.memory_store import connect, records
 
+from .context import draw_requests, judge_digest, slots_of, systems_cache, workspace_repo
 from .engine import SystemFailed, adapter_for
-from .evaluate import Progress, measure_noise, requests_of, slots_of, systems_cache, workspace_repo
-from .forcing import ScoredOutput, audit, calibrate_delta
-from .integrity import controller_digest
+from .evaluate import Progress, measure_noise
+from .forcing import audit, calibrate_delta
 from .paired import run_period
 from .scorer import scorer_for
 from .slots import lease
@@ -55,13 +55,6 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-def load_stock_scored(path: Path) -> list[ScoredOutput]:
-    try:
-        return [ScoredOutput(**d) for d in json.loads(path.read_text())]
-    except (OSError, ValueError, TypeError) as e:
-        raise SpecPilotError(f"{path}: stock's scored outputs are unreadable ({e}); rerun Phase 0") from None
-
-
 def run_phase0(
     dep: Deployment, home: Home, *, blocks: int | None = None, progress: Progress = lambda _: None
 ) -> dict[str, Any]:
@@ -71,14 +64,19 @@ def run_phase0(
     cache = systems_cache(home, dep)
     stock = checkout(repo, "stock", cache)
     ar = ar_variant(dep, stock, cache)
-    reqs = requests_of(dep, home)
+    reqs, draw = draw_requests(dep, home)
     run_id = records.add_run(db, dep.name, "phase0", stock.tree, ar.tree)
     raw = home.runs / f"{run_id}"
     progress("stock and AR on every request")
     try:
-        with lease(home, slots_of(dep)) as (s0, s1):
-            period = run_period(adapter_for(dep, home), {"stock": stock, "ar": ar}, {"stock": s0, "ar": s1}, reqs,
-                                raw, "phase0")  # fmt: skip
+        with lease(home, slots_of(dep)) as slots:
+            if len(slots) == 2:  # side by side; on one slot, taking turns
+                where, schedule = {"stock": slots[0], "ar": slots[1]}, [{"stock": reqs, "ar": reqs}]
+            else:
+                where, schedule = {"stock": slots[0], "ar": slots[0]}, [{"stock": reqs}, {"ar": reqs}]
+            period = run_period(
+                adapter_for(dep, home), {"stock": stock, "ar": ar}, where, schedule, raw, "phase0"
+            )
     except SystemFailed as e:
         records.fail_run(db, run_id, f"{e}\n{e.log_tail}")
         raise SpecPilotError(f"Phase 0 failed: {e} (logs in {raw})") from None
@@ -101,7 +99,7 @@ def run_phase0(
     ar_own = audit(ar_scored, ar_scored, delta)
     figures = {
         "run_id": run_id, "stock_tree": stock.tree, "delta": delta, "divergences": divergences,
-        "requests": len(reqs), "stock_scored": str(scored_path),
+        "requests": len(reqs), "stock_scored": str(scored_path), "draw": draw,
         "stock": {"positions": own.positions, "mismatches": own.mismatches, "rate": own.rate,
                   "large": own.stock_events},
         "ar": {"positions": ar_own.positions, "mismatches": ar_own.mismatches, "rate": ar_own.rate,
@@ -110,7 +108,7 @@ def run_phase0(
     }  # fmt: skip
     records.finish_run(db, run_id, summary=figures, raw_path=str(raw))
     records.set_state(db, dep.name, "phase0", figures)
-    records.set_state(db, dep.name, "controller_digest", controller_digest())
+    records.set_state(db, dep.name, "controller_digest", judge_digest(dep, home))
     progress("stock noise (A/A)")
     figures["noise"] = measure_noise(dep, home, blocks=blocks, progress=progress)
     return figures

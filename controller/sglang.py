@@ -24,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import queue
+import signal
 import socket
 import threading
 import time
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from specpilot.deployments import Deployment, Home
 
-from .engine import READY_TIMEOUT_S, Request, RequestResult, SystemFailed
+from .engine import READY_TIMEOUT_S, Request, RequestResult, SystemFailed, process_tree
 from .sglang_launch import HOST, ServerProcess, command, deployment_flags, free_port, http_get, system_flags
 from .slots import Slot
 
@@ -242,6 +244,13 @@ class SglangSystem:
     def usage(self) -> dict:
         return self.proc.usage()
 
+    def pause(self, on: bool) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
+
+    def pids(self) -> list[int]:
+        return process_tree(self.proc.proc.pid)
+
 
 @dataclass(frozen=True)
 class SglangAdapter:
@@ -253,8 +262,15 @@ class SglangAdapter:
     def __post_init__(self) -> None:
         deployment_flags(self.dep)  # a bad spec is one clear error before anything starts
 
-    def start(self, tree: Path, slot: Slot, log: Path) -> SglangSystem:
-        flags = system_flags(self.dep, tree)  # a broken launch file is the system's failure
+    def start(
+        self, tree: str, path: Path, slot: Slot, log: Path, role: str = "A", prepare: bool = False
+    ) -> SglangSystem:
+        """A server from the export at `path`. Not confined yet: SGLang serves over a TCP port and
+        reads its model from the Hugging Face cache (docs/ARCHITECTURE.md, "Confinement")."""
+        flags = system_flags(self.dep, path)  # a broken launch file is the system's failure
         port = free_port()
-        proc = ServerProcess(command(flags, slot, port), tree, slot, log, pycache=self.home.cache / "pycache")
+        proc = ServerProcess(command(flags, slot, port), path, slot, log, pycache=self.home.cache / "pycache")
         return SglangSystem(proc, port, slot)
+
+    def prepare(self, tree: str, path: Path, slot: Slot, log: Path, role: str) -> float | None:
+        return None  # SGLang compiles and warms up inside its own start

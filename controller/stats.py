@@ -1,14 +1,26 @@
-"""Paired, slot-swapped statistics and the approval rule (ARCHITECTURE §5).
+"""Paired statistics and the approval rule (ARCHITECTURE §5), as a sequential design.
 
-A block has two periods with fresh processes. Period 1 runs baseline A on one slot and candidate B
-on the other, concurrently, with the same requests; period 2 swaps the slots. For request i
+The unit of inference is the block: each block starts fresh processes, so block means are
+independent, while requests served by the same processes are not. Per request i of a block:
 
-    d_i = ½ [ log(v_B,s1 / v_A,s0) + log(v_B,s0 / v_A,s1) ]
+- swapped design (two slots, `RequestSpeeds`):  d_i = ½ [log(v_B,s1 / v_A,s0) + log(v_B,s0 / v_A,s1)]
+  where v is output speed on the controller's clock; a slot k times faster cancels;
+- interleaved design (one slot, `PairSpeeds`):  d_i = log(v_B / v_A), the turns in ABBA order, so a
+  linear drift cancels over the block.
 
-where v is output speed (tokens per second of the controller's own clock). A slot that runs
-everything k times faster multiplies both a numerator and a denominator by k, so it cancels.
-A block's gain is exp(mean_i d_i). With at least `MIN_BLOCKS_AS_UNIT` blocks the block is the unit
-of inference (block means are independent); with fewer, the requests are (and the report says so).
+A block's log gain is mean_i d_i. Stock noise σ is the standard error of the gain stock gets
+against itself (A/A) in the same design, from the block log gains of every A/A comparison of the
+deployment pooled (`pooled_sd`), at the comparison's number of blocks (`sigma_for`).
+
+Approval: the one-sided lower bound of the geometric-mean gain exceeds 1 + min_gain + 2σ (3% + 2σ
+when the output changes). Blocks are added while the verdict is undecided (`look`): after each
+block from the third on, the candidate is approved when the lower bound at level α_k clears the
+bar, and rejected when the upper bound at level β_k falls below it. α_k is the increment of the
+Lan–DeMets Pocock-type spending function α(t) = α ln(1 + (e − 1) t), t = k / K_max (Lan & DeMets,
+Biometrika 70:659, 1983), and each look is a t-test at its increment, so by the union bound the
+chance of approving a candidate whose gain is at or below the bar is at most α over all looks
+(conservative: it ignores the correlation between looks). Rejection for futility does not add
+to that chance (it never approves), whatever β_k (spent the same way from β).
 """
 
 from __future__ import annotations
@@ -20,12 +32,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-MIN_BLOCKS_AS_UNIT = 5
+ALPHA = 0.05  # chance of approving a candidate whose true gain is at or below the bar
+BETA = 0.10  # spent on stopping early for futility (affects power, never false approvals)
+MIN_LOOK = 3  # blocks before the first look (two degrees of freedom)
 
 
 @dataclass(frozen=True)
 class RequestSpeeds:
-    """Output speeds (tokens/s) of one request in one block, for both systems on both slots."""
+    """Output speeds (tokens/s) of one request in one swapped block, both systems on both slots."""
 
     a_s0: float
     a_s1: float
@@ -38,83 +52,94 @@ class RequestSpeeds:
 
 
 @dataclass(frozen=True)
+class PairSpeeds:
+    """Output speeds of one request in one interleaved block (each system served it once)."""
+
+    a: float
+    b: float
+
+    def log_ratio(self) -> float:
+        return math.log(self.b / self.a)
+
+
+@dataclass(frozen=True)
 class PairedStats:
-    """The gain of B over A with its one-sided 95% lower bound."""
+    """The gain of B over A with its one-sided lower bound, blocks as the unit."""
 
     gain: float  # geometric-mean speed ratio B/A
-    lower_bound: float  # one-sided 95% lower bound of `gain`
-    unit: str  # "blocks" or "requests"
-    n: int  # sample size in that unit
+    lower_bound: float  # one-sided lower bound of `gain` at `level`
+    n: int  # blocks
     block_gains: list[float] = field(default_factory=list)
-    log_sd: float = 0.0  # standard deviation of the unit's log ratios
+    log_sd: float = 0.0  # standard deviation of the block log gains
+    upper_bound: float = math.inf  # one-sided upper bound at the futility level of the look
+    level: float = ALPHA
+    unit: str = "blocks"
 
 
-def paired_stats(blocks: Sequence[Sequence[RequestSpeeds]]) -> PairedStats:
-    """Gain and one-sided 95% lower bound from blocks of per-request speeds."""
+def block_logs(blocks: Sequence[Sequence]) -> np.ndarray:
     if not blocks or any(len(b) == 0 for b in blocks):
         raise ValueError("every block needs at least one request")
-    per_block = [np.array([r.log_ratio() for r in b]) for b in blocks]
-    block_means = np.array([d.mean() for d in per_block])
-    if len(blocks) >= MIN_BLOCKS_AS_UNIT:
-        unit, sample = "blocks", block_means
-    else:
-        unit, sample = "requests", np.concatenate(per_block)
-    mean = float(sample.mean())
-    if len(sample) < 2:
-        low, sd = -math.inf, 0.0
-    else:
-        sd = float(sample.std(ddof=1))
-        if sd == 0.0:
-            low = mean  # identical samples: no spread to bound
-        else:
-            low = float(stats.ttest_1samp(sample, 0.0, alternative="greater").confidence_interval(0.95).low)
+    return np.array([np.mean([r.log_ratio() for r in b]) for b in blocks])
+
+
+def _t_bound(sample: np.ndarray, level: float, upper: bool) -> float:
+    n = len(sample)
+    if n < 2:
+        return math.inf if upper else -math.inf
+    mean, sd = float(sample.mean()), float(sample.std(ddof=1))
+    if sd == 0.0:
+        return mean  # identical blocks: no spread to bound
+    q = float(stats.t.ppf(1 - level, n - 1)) * sd / math.sqrt(n)
+    return mean + q if upper else mean - q
+
+
+def paired_stats(blocks: Sequence[Sequence], level: float = ALPHA, futility: float = BETA) -> PairedStats:
+    """Gain, one-sided lower bound at `level` and upper bound at `futility`, from blocks of speeds."""
+    logs = block_logs(blocks)
     return PairedStats(
-        gain=math.exp(mean),
-        lower_bound=math.exp(low),
-        unit=unit,
-        n=len(sample),
-        block_gains=[math.exp(m) for m in block_means],
-        log_sd=sd,
+        gain=math.exp(float(logs.mean())),
+        lower_bound=math.exp(_t_bound(logs, level, upper=False)),
+        upper_bound=math.exp(_t_bound(logs, futility, upper=True)),
+        n=len(logs),
+        block_gains=[math.exp(m) for m in logs],
+        log_sd=float(logs.std(ddof=1)) if len(logs) > 1 else 0.0,
+        level=level,
     )
 
 
-def noise_sigma(aa: PairedStats) -> float:
-    """Stock noise σ from a stock-vs-stock (A/A) run: the standard error of its gain.
-
-    A fraction (0.004 = 0.4%): how far a measured gain wanders when nothing changed, in the same
-    design (blocks, requests, slots) a comparison uses. The lower bound already accounts for a
-    candidate's own spread; the bar 1% + 2σ adds a margin for what stock against itself shows.
-    """
-    return math.expm1(aa.log_sd / math.sqrt(aa.n)) if aa.n > 1 else 0.0
+def pooled_sd(runs: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """Pooled standard deviation of block log gains over A/A comparisons, and its degrees of freedom."""
+    ss = sum(float(((np.asarray(r) - np.mean(r)) ** 2).sum()) for r in runs if len(r) > 1)
+    df = sum(len(r) - 1 for r in runs if len(r) > 1)
+    return (math.sqrt(ss / df), df) if df else (0.0, 0)
 
 
-def within_request_spread(blocks: Sequence[Sequence[RequestSpeeds]]) -> tuple[float, int]:
-    """Variance of each request's log ratio across blocks around its own mean, and its degrees of freedom.
-
-    The same request measured in different blocks differs only by measurement noise: a candidate
-    that helps some requests more than others does not widen it, a disturbed period does.
-    """
-    if len(blocks) < 2:
-        return math.nan, 0
-    d = np.array([[r.log_ratio() for r in b] for b in blocks])  # blocks x requests
-    resid = d - d.mean(axis=0)
-    df = d.shape[1] * (d.shape[0] - 1)
-    return float((resid**2).sum() / df), df
+def sigma_for(sd: float, n: int) -> float:
+    """σ: the standard error of an A/A gain of n blocks (a fraction: 0.004 = 0.4%)."""
+    return math.expm1(sd / math.sqrt(n)) if n > 0 else 0.0
 
 
-def noisier_than_stock(var: float, df: int, stock_var: float, stock_df: int) -> float:
-    """One-sided F-test p-value that a comparison's within-request spread exceeds stock's A/A spread."""
-    if df < 1 or stock_df < 1 or not stock_var > 0:
-        return 1.0
-    return float(stats.f.sf(var / stock_var, df, stock_df))
+def spent(k: int, k_max: int, total: float) -> float:
+    """Lan–DeMets Pocock-type spending: the error spent by look k of k_max."""
+    t = min(1.0, k / k_max)
+    return total * math.log(1 + (math.e - 1) * t)
+
+
+def look_levels(k: int, k_max: int) -> tuple[float, float]:
+    """(α_k, β_k): this look's share of the false-approval and futility errors (looks from MIN_LOOK)."""
+    first = MIN_LOOK
+    prev = spent(k - 1, k_max, 1.0) if k > first else 0.0
+    frac = spent(k, k_max, 1.0) - prev
+    return ALPHA * frac, BETA * frac
 
 
 @dataclass(frozen=True)
 class Verdict:
     approved: bool
+    decided: bool  # the look settled it (approved or rejected); False: more blocks would be needed
     threshold: float  # the lower bound must exceed 1 + threshold
     reasons: list[str]  # why not approved (empty when approved) — the audit adds its own
-    notes: list[str]  # facts stated in every report (unit of inference, flags)
+    notes: list[str]  # facts stated in every report (unit of inference, looks)
 
 
 def decide(
@@ -126,25 +151,29 @@ def decide(
     output_change_gain: float = 0.03,
     implausible_gain: float = 3.0,
     extra_reasons: Sequence[str] = (),
+    final: bool = True,
 ) -> Verdict:
     """Approve when the lower bound clears the bar and nothing else objects.
 
-    Bar: lower bound > 1 + min_gain + 2σ, or > 1 + output_change_gain (+ 2σ) when the candidate's
-    tokens differ from the baseline's. A gain above `implausible_gain` is flagged for review and
-    never approved automatically.
+    Bar: lower bound > 1 + min_gain + 2σ, or > 1 + output_change_gain + 2σ when the candidate's
+    tokens differ from the baseline's. Undecided (`decided` False) while neither bound has crossed
+    the bar and this is not the `final` look. A gain above `implausible_gain` is flagged for
+    review and never approved automatically.
     """
     base = output_change_gain if changes_output else min_gain
     threshold = base + 2 * sigma
+    bar = 1 + threshold
     reasons = list(extra_reasons)
-    notes = [f"unit of inference: {paired.unit} (n = {paired.n})"]
-    if paired.lower_bound <= 1 + threshold:
+    notes = [f"unit of inference: blocks (n = {paired.n}, one-sided level {paired.level:.2g} at this look)"]
+    cleared = paired.lower_bound > bar
+    if not cleared:
         why = "output changes, so the bar is " if changes_output else ""
         reasons.append(
-            f"lower bound {paired.lower_bound - 1:+.2%} does not exceed {why}"
-            f"{base:.0%} + 2σ = {threshold:.2%}"
+            f"lower bound {paired.lower_bound - 1:+.2%} does not exceed {why}{base:.0%} + 2σ = {threshold:.2%}"
         )
     if paired.gain > implausible_gain:
         reasons.append(f"gain {paired.gain:.2f}x is implausibly large: flagged for review, not approved")
     if changes_output:
         notes.append("the candidate's output tokens differ from the baseline's")
-    return Verdict(approved=not reasons, threshold=threshold, reasons=reasons, notes=notes)
+    decided = final or cleared or paired.upper_bound < bar or bool(extra_reasons)
+    return Verdict(approved=not reasons, decided=decided, threshold=threshold, reasons=reasons, notes=notes)

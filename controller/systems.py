@@ -76,14 +76,35 @@ def touched_paths(repo: Path, base_tree: str, cand_tree: str) -> list[str]:
     return [p for p in out.splitlines() if p]
 
 
+def _shadows(p: str, module: str) -> bool:
+    """Would a file at `p` be imported instead of, or in front of, the module file `module` (x/m.py)?
+
+    A package x/m/, an extension module x/m.<abi>.so, a bytecode file x/m.pyc or
+    x/__pycache__/m.*.pyc all take the import of x.m (the import system prefers a package, and an
+    unchecked hash-based .pyc is used whatever the source says).
+    """
+    stem = module.removesuffix(".py")
+    folder, _, name = stem.rpartition("/")
+    prefix = f"{folder}/" if folder else ""
+    return (
+        p.startswith(stem + "/")
+        or (p.startswith(stem + ".") and p.endswith((".so", ".pyd", ".pyc")))
+        or (p.startswith(f"{prefix}__pycache__/{name}.") and p.endswith(".pyc"))
+    )
+
+
 def protected_hits(paths: list[str], protected: list[str]) -> list[str]:
-    """The touched paths equal to or under a protected path."""
+    """The touched paths that change a protected path or module: equal to or under a protected
+    path, a file that would be imported in place of a protected module, or any bytecode (never
+    part of a source tree: a .pyc can say something else than its source)."""
     hits = []
     for p in paths:
+        bytecode = p.endswith(".pyc") or "__pycache__" in p.split("/")
         for q in protected:
             q = q.rstrip("/")
-            if p == q or p.startswith(q + "/"):
+            if p == q or p.startswith(q + "/") or (q.endswith(".py") and _shadows(p, q)) or bytecode:
                 hits.append(p)
+                break
     return hits
 
 

@@ -124,7 +124,9 @@ class ControllerSettings(_Strict):
     protected: list[str] = Field(default_factory=list)  # paths a candidate diff may not touch
     min_gain: float = Field(default=0.01, ge=0)  # approval: lower bound > min_gain + 2σ
     output_change_gain: float = Field(default=0.03, ge=0)  # ... when the output tokens change
-    blocks: int = Field(default=5, ge=1)
+    blocks: int = Field(default=6, ge=3)  # blocks of an A/A (stock noise) comparison
+    budget_s: float = Field(default=600.0, gt=0)  # a comparison adds blocks until decided or this long
+    max_blocks: int = Field(default=40, ge=3)  # ... or this many blocks
     warmup_requests: int = Field(default=1, ge=0)
 
 

@@ -1,7 +1,7 @@
 """Workloads: real benchmark prompt sets, the target's chat template, and request files (CONTRACTS §6)."""
 
 from .chat import ChatTemplate, load_chat_template, target_folder
-from .request_files import Request, load_requests, request_file, sample_prompts, summarize
+from .request_files import Request, load_requests, pool_file, request_file, sample_prompts, summarize
 from .sources import SETS, Prompt, SetInfo, available_offline, load_prompts, local_path
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "load_prompts",
     "load_requests",
     "local_path",
+    "pool_file",
     "request_file",
     "sample_prompts",
     "summarize",

@@ -52,9 +52,20 @@ def sample_prompts(workload: Workload, home: Home) -> list[Prompt]:
 
 def request_file(dep: Deployment, home: Home) -> Path:
     """The deployment's request file under `<cache>/requests/`, built on first use."""
+    return _build(dep, dep.workload, home, sample_prompts(dep.workload, home))
+
+
+def pool_file(dep: Deployment, home: Home) -> Path:
+    """Every prompt of the deployment's sets, rendered like its requests: what the controller draws
+    judged requests from (a pool far larger than a period uses)."""
     w = dep.workload
+    everything = [p for name in w.sets for p in load_prompts(name, home)]
+    pool = w.model_copy(update={"sets": {name: len(load_prompts(name, home)) for name in w.sets}})
+    return _build(dep, pool, home, everything, kind="pool")
+
+
+def _build(dep: Deployment, w: Workload, home: Home, prompts: list[Prompt], kind: str = "") -> Path:
     template = load_chat_template(target_folder(dep, home))
-    prompts = sample_prompts(w, home)
     key = hashlib.sha256(
         json.dumps(
             {
@@ -66,7 +77,7 @@ def request_file(dep: Deployment, home: Home) -> Path:
             sort_keys=True,
         ).encode()
     ).hexdigest()[:20]
-    path = home.cache / "requests" / f"{dep.name}-{key}.jsonl"
+    path = home.cache / "requests" / f"{dep.name}-{kind + '-' if kind else ''}{key}.jsonl"
     if path.is_file():
         return path
     lines = []

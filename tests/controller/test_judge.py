@@ -1,7 +1,8 @@
-"""The controller judging real refspec processes on two CPU slots (smollm-cpu, shrunk).
+"""The controller judging real, confined refspec processes on two CPU slots (smollm-cpu, shrunk).
 
 One module-scoped home runs Phase 0 once; each test builds a candidate as a real commit in the
-workspace (a patch on stock) and asks the controller for a verdict.
+workspace (a patch on stock) and asks the controller for a verdict. The one-slot (interleaved)
+design, the GPU's, runs on one CPU core at the end.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="paired
 TINY = "smollm-tiny"
 
 
-def _tiny_spec(home: Home) -> None:
+def _tiny_spec(home: Home, name: str = TINY, slots: str = '"cpu:0", "cpu:1"') -> None:
     text = (SHIPPED / "smollm-cpu.toml").read_text()
-    text = text.replace('name = "smollm-cpu"', f'name = "{TINY}"')
-    text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 4 }")
+    text = text.replace('name = "smollm-cpu"', f'name = "{name}"')
+    text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 3 }")
+    text = text.replace("max_new_tokens = 64", "max_new_tokens = 40")
+    text = text.replace('slots = ["cpu:0", "cpu:1"]', f"slots = [{slots}]")
+    text = text.replace("blocks = 4", "blocks = 3\nbudget_s = 75\nmax_blocks = 6")
     home.deployments.mkdir(parents=True, exist_ok=True)
-    (home.deployments / f"{TINY}.toml").write_text(text)
+    (home.deployments / f"{name}.toml").write_text(text)
 
 
 @pytest.fixture(scope="module")
@@ -60,23 +64,30 @@ def _replace(path: Path, old: str, new: str) -> None:
 
 
 GENERATE = "refspec/generate.py"
+STEP = '        if mode == "spec":\n            return self.step('
 
 
 def test_phase0_figures(judged):
     home, dep, _, figures = judged
     assert figures["delta"] >= 0.125 and figures["delta"] * 8 == int(figures["delta"] * 8)
-    assert figures["stock"]["positions"] == 4 * 64
-    assert 0.0 <= figures["noise"]["sigma"] < 0.5
-    assert figures["noise"]["disturbances"] == [] and figures["noise"]["within_df"] > 0
+    # 1 warm-up + 3 measured requests drawn from the HumanEval pool, with neutral ids.
+    assert figures["stock"]["positions"] == 4 * 40 and figures["draw"]["pool"] == 164
+    assert sorted(figures["draw"]["sources"]) == ["r00", "r01", "r02", "r03"]
+    noise = figures["noise"]
+    assert (
+        0.0 <= noise["sigma"] < 0.5
+        and noise["design"] == "swapped"
+        and len(noise["runs"][0]["block_logs"]) == 3
+    )
     db = connect(home)
     assert records.get_state(db, dep.name, "phase0")["delta"] == figures["delta"]
-    assert records.get_state(db, dep.name, "controller_digest") == controller.controller_digest()
+    assert records.get_state(db, dep.name, "controller_digest") == controller.judge_digest(dep, home)
 
 
-def _sleepy(ws: Workspace, name: str) -> str:
+def _sleepy(ws: Workspace, name: str, base: str = "system") -> str:
     """Stock with a 100 ms sleep in every decode step (a step is 30-90 ms on one core): a real per-step cost, output unchanged."""
-    return _candidate(ws, name, lambda t: _replace(t / GENERATE, "        chain: list[int] = []\n",
-                                                   "        chain: list[int] = []\n        __import__('time').sleep(0.1)\n"))  # fmt: skip
+    return _candidate(ws, name, lambda t: _replace(t / GENERATE, STEP, "        __import__('time').sleep(0.1)\n" + STEP),
+                      base)  # fmt: skip
 
 
 def test_removing_a_per_step_cost_is_approved(judged):
@@ -88,15 +99,18 @@ def test_removing_a_per_step_cost_is_approved(judged):
     ev = controller.compare(dep, home, _sleepy(ws, "sleepy-baseline"), "stock")
     assert ev.approved, ev.reasons
     assert ev.gain > 1.1 and ev.lower_bound > 1 + ev.threshold
-    assert not ev.changes_output
+    assert not ev.changes_output and ev.evidence["design"] == "swapped"
+    assert ev.evidence["n"] == 3, "a clear gain is decided at the first look"
     assert ev.evidence["audit"]["passed"]
 
 
 def test_sleep_slowed_candidate_is_rejected(judged):
     home, dep, ws, _ = judged
     ev = controller.compare(dep, home, "system", _sleepy(ws, "slow"))
-    assert not ev.approved
-    assert ev.gain < 1.0
+    assert not ev.approved and ev.gain < 1.0
+    # A system that sleeps between steps produces tokens with far less CPU per second than stock:
+    # the work check names it (and stops the run at once), besides the lower bound.
+    assert any("tokens without compute" in r for r in ev.reasons), ev.reasons
     assert any("lower bound" in r for r in ev.reasons), ev.reasons
 
 
@@ -110,7 +124,7 @@ def test_fake_timing_fields_gain_nothing(judged):
                  '"elapsed_s": 1e-6, "tokens_per_s": 1e9, "t_done": 0.0}')  # fmt: skip
 
     fake = _candidate(ws, "fake", lie)
-    ev = controller.compare(dep, home, "system", fake)
+    ev = controller.compare(dep, home, "system", fake, blocks=3)
     assert not ev.approved
     assert 0.7 < ev.gain < 1.3
     raw = [json.loads(line) for line in Path(ev.evidence["raw"]).read_text().splitlines()]
@@ -120,13 +134,14 @@ def test_fake_timing_fields_gain_nothing(judged):
 
 
 def test_planted_defect_is_rejected_by_the_audit(judged):
-    """fixtures/planted_defect.patch: a small bias added to some logits before the verify argmax."""
+    """fixtures/planted_defect.patch: a small bias added to some logits before the verify argmax,
+    on a candidate that is also faster (against a sleep-slowed baseline), so only the audit stops it."""
     home, dep, ws, _ = judged
     patch = (Path(__file__).parent / "fixtures" / "planted_defect.patch").read_bytes()
     defect = _candidate(
         ws, "defect", lambda t: subprocess.run(["git", "apply", "-"], cwd=t, input=patch, check=True)
     )
-    ev = controller.compare(dep, home, "system", defect)
+    ev = controller.compare(dep, home, _sleepy(ws, "sleepy-base-2", "stock"), defect)
     assert not ev.approved
     audit = ev.evidence["audit"]
     assert not audit["passed"] and audit["rate"] > audit["stock_rate"] + 0.005
@@ -141,6 +156,19 @@ def test_protected_path_is_refused_without_running(judged):
     ev = controller.compare(dep, home, "system", touch)
     assert not ev.approved and ev.run_id is None
     assert "protected paths: refspec/serve.py" in ev.reasons[0]
+
+
+def test_a_module_shadowing_the_protected_one_is_refused(judged):
+    """A package refspec/serve/ would be imported in place of refspec/serve.py: the module is protected."""
+    home, dep, ws, _ = judged
+
+    def shadow(t: Path) -> None:
+        (t / "refspec/serve").mkdir()
+        (t / "refspec/serve/__init__.py").write_text("from ..runtime import *\n")
+        (t / "refspec/serve/__main__.py").write_text("print('{\"ready\": true}')\n")
+
+    ev = controller.compare(dep, home, "system", _candidate(ws, "shadow", shadow))
+    assert not ev.approved and ev.run_id is None and "refspec/serve/__init__.py" in ev.reasons[0]
 
 
 def test_crashing_candidate_is_a_failed_run_not_a_hang(judged):
@@ -171,17 +199,17 @@ def test_changed_controller_refuses_to_judge(judged):
     good = records.get_state(db, dep.name, "controller_digest")
     records.set_state(db, dep.name, "controller_digest", "0" * 64)
     try:
-        with pytest.raises(SpecPilotError, match="controller's source changed since Phase 0"):
+        with pytest.raises(SpecPilotError, match="the judge changed since Phase 0"):
             controller.compare(dep, home, "system", "stock")
     finally:
         records.set_state(db, dep.name, "controller_digest", good)
 
 
-def test_other_load_on_a_slot_disturbs_the_period(judged, tmp_path):
+def test_other_load_on_a_slot_disturbs_the_turn(judged, tmp_path):
     """A busy loop pinned to one slot's core while both systems serve: that slot is flagged, the other not."""
+    from specpilot.controller.context import slots_of, systems_cache, tuning_requests, workspace_repo
     from specpilot.controller.engine import adapter_for
-    from specpilot.controller.evaluate import requests_of, slots_of, systems_cache, workspace_repo
-    from specpilot.controller.paired import _check_load, run_period
+    from specpilot.controller.paired import run_period
     from specpilot.controller.systems import checkout
 
     home, dep, _, _ = judged
@@ -189,13 +217,41 @@ def test_other_load_on_a_slot_disturbs_the_period(judged, tmp_path):
     s0, s1 = slots_of(dep)
     spin = f"import os\nos.sched_setaffinity(0, {{{s1.index}}})\nwhile True: pass"
     busy = subprocess.Popen([sys.executable, "-c", spin])
+    reqs = tuning_requests(dep, home, limit=2)
     try:
         period = run_period(adapter_for(dep, home), {"A": stock, "B": stock}, {"A": s0, "B": s1},
-                            requests_of(dep, home, limit=2), tmp_path, "load")  # fmt: skip
+                            [{"A": reqs, "B": reqs}], tmp_path, "load")  # fmt: skip
     finally:
         busy.kill()
         busy.wait()
-    assert period.load["B"]["foreign_share"] > 0.3, period.load
-    assert period.load["A"]["foreign_share"] < 0.1, period.load
-    found = _check_load(period)
-    assert len(found) == 1 and found[0].startswith(f"other load on {s1}:")
+    [turn] = period.turns
+    assert turn.load["B"]["foreign_share"] > 0.3, turn.load
+    assert turn.load["A"]["foreign_share"] < 0.1, turn.load
+    assert len(period.disturbances) == 1 and period.disturbances[0].startswith(f"other load on {s1}:")
+
+
+@pytest.fixture(scope="module")
+def one_slot(tmp_path_factory):
+    """The interleaved design (the GPU's, one device) on one CPU core, Phase 0 done."""
+    home = Home(tmp_path_factory.mktemp("one-slot") / "home")
+    _tiny_spec(home, "smollm-one", '"cpu:0"')
+    dep = load_deployment("smollm-one", home)
+    ws, _ = Workspace.init(home, dep)
+    return home, dep, ws, controller.run_phase0(dep, home)
+
+
+def test_one_slot_design_takes_turns_and_approves_a_real_gain(one_slot):
+    """Both systems loaded on cpu:0, one serving while the other is frozen, in ABBA order."""
+    home, dep, ws, figures = one_slot
+    assert figures["noise"]["design"] == "interleaved"
+    ev = controller.compare(dep, home, _sleepy(ws, "sleepy"), "stock")
+    assert ev.approved, ev.reasons
+    assert ev.evidence["design"] == "interleaved" and ev.gain > 1.1
+    raw = [json.loads(line) for line in Path(ev.evidence["raw"]).read_text().splitlines()]
+    turns = [t for r in raw if "turns" in r for t in r["turns"]]
+    assert all(len(t["labels"]) == 1 for t in turns), "one system generates at a time"
+    # X, Y, Y, X after the warm-up turns: each block's measured turns are in ABBA order.
+    orders = ["".join(t["labels"][0] for t in r["turns"][2:]) for r in raw if "turns" in r]
+    assert all(o in ("ABBA", "BAAB") for o in orders), orders
+    served = {r["system"] for r in raw if "system" in r}
+    assert served == {"A", "B"} and {r["slot"] for r in raw if "slot" in r} == {"cpu:0"}

@@ -1,0 +1,70 @@
+"""What a system did besides answering, read from the controller's own accounting of a paired run.
+
+Each finding is an integrity violation: the comparison gets no approval, and the reason is named.
+- It left its core: its CPU time exceeds what one core gives (where no cpuset confines it, also a
+  changed affinity).
+- It worked before the timed window: it took far longer than the baseline to report ready (the
+  controller sends requests only after ready, over the protocol, so work done then can only be
+  work on something else than the requests — or precomputed answers).
+- It produced tokens without computing them: its CPU time per second of serving is far below the
+  baseline's on the same requests (a system that paces out answers it already has sleeps).
+- The baseline ran slower than its own record (beside the candidate: the candidate slowed it, by
+  design or by using a shared resource such as memory bandwidth, and the paired gain is inflated).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .paired import PairedRun
+
+CPU_SHARE_LIMIT = 1.05  # CPU seconds per wall second a one-core system may use (accounting slack)
+READY_FACTOR, READY_SLACK_S = 1.5, 5.0  # B may take this much longer than A to be ready
+WORK_FLOOR = 0.5  # B's CPU per serving second must be at least this share of A's
+BASELINE_FLOOR = 0.85  # the baseline's median speed must be at least this share of its record
+
+
+def violations(run: PairedRun) -> list[str]:
+    out: list[str] = []
+    for period in run.periods:
+        for label, u in period.usage.items():
+            slot = period.slots[label]
+            if slot.kind != "cpu":
+                continue
+            if not u.get("cpuset") and u.get("cores") not in (None, str(slot.index)):
+                out.append(f"system {label} changed its CPU affinity on {slot} to {u['cores']}")
+            if u["wall_s"] > 5 and u["cpu_s"] > CPU_SHARE_LIMIT * u["wall_s"]:
+                out.append(f"system {label} used {u['cpu_s']:.1f} CPU-s in {u['wall_s']:.1f} s on one core")
+        ready = {lb: u.get("ready_s") for lb, u in period.usage.items()}
+        if ready.get("A") and ready.get("B") and ready["B"] > READY_FACTOR * ready["A"] + READY_SLACK_S:
+            out.append(f"system B took {ready['B']:.1f} s to report ready against the baseline's {ready['A']:.1f} s: "
+                       "work before the timed window")  # fmt: skip
+        busy = {lb: 0.0 for lb in ("A", "B")}
+        wall = {lb: 0.0 for lb in ("A", "B")}
+        for turn in period.turns:
+            for lb in turn.labels:
+                busy[lb] += turn.cpu_s[lb]
+                wall[lb] += turn.served_s[lb]
+        if wall["A"] > 1 and wall["B"] > 1:
+            ua, ub = busy["A"] / wall["A"], busy["B"] / wall["B"]
+            if ub < WORK_FLOOR * ua:
+                out.append(f"system B used {ub:.2f} CPU-s per second of serving against the baseline's {ua:.2f}: "
+                           "tokens without compute")  # fmt: skip
+    return sorted(set(out), key=out.index)
+
+
+def median_speed(run: PairedRun, label: str) -> float:
+    """A system's median output speed (tokens/s) over every measured request of the run."""
+    return statistics.median(r.speed for p in run.periods for r in p.results[label].values())
+
+
+def baseline_slowed(run: PairedRun, record: float | None) -> list[str]:
+    """The baseline against its own record (tokens/s of the same tree in the same design)."""
+    if not record:
+        return []
+    now = median_speed(run, "A")
+    if now < BASELINE_FLOOR * record:
+        return [f"the baseline ran at {now:.1f} tok/s beside the candidate, {1 - now / record:.0%} below its "
+                f"record of {record:.1f} tok/s: the candidate slows the system beside it (or something else did), "
+                "so the paired gain overstates it"]  # fmt: skip
+    return []

@@ -1,0 +1,95 @@
+"""What every judgement of a deployment starts from: its workspace, its slots, its requests, the
+controller's own digest.
+
+Judged requests are drawn afresh for each run from the pool of every prompt of the deployment's
+sets (as many per set as the workload samples), with a secret seed, and carry neutral ids
+(`r00`, `r01`, ...): a system cannot know which requests a period will bring, nor tell a judged
+run from any other. The draw and the ids' sources are recorded in the run's evidence.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from specpilot.deployments import Deployment, Home, SpecPilotError
+from specpilot.deployments.workloads import load_requests, pool_file, request_file
+from specpilot.memory_store import records
+
+from .engine import Request
+from .integrity import check_digest, controller_digest
+from .slots import Slot
+from .systems import ENGINE_PROTECTED
+
+
+def workspace_repo(home: Home, dep: Deployment) -> Path:
+    repo = home.workspaces / dep.name / "repo"
+    if not (repo / ".git").is_dir():
+        raise SpecPilotError(
+            f"no workspace for {dep.name!r} under {home.workspaces}; run `specpilot workspace init --deployment {dep.name}`"
+        )
+    return repo
+
+
+def systems_cache(home: Home, dep: Deployment) -> Path:
+    return home.workspaces / dep.name / "systems"
+
+
+def slots_of(dep: Deployment) -> tuple[Slot, ...]:
+    """The deployment's device slots for a paired run: two (swapped design) or one (interleaved)."""
+    slots = tuple(Slot.parse(s) for s in dep.devices.slots[:2])
+    for s in slots:
+        s.check_exists()
+    return slots
+
+
+def tuning_requests(dep: Deployment, home: Home, limit: int | None = None) -> list[Request]:
+    """The deployment's own request file (what agents see and tune on): never used for a verdict."""
+    reqs = [Request(r.id, r.input_ids, r.max_new_tokens) for r in load_requests(request_file(dep, home))]
+    return reqs[:limit] if limit else reqs
+
+
+def draw_requests(dep: Deployment, home: Home, seed: int | None = None) -> tuple[list[Request], dict]:
+    """Warm-up + measured requests drawn from the pool, with neutral ids; and the draw's record."""
+    seed = random.SystemRandom().getrandbits(64) if seed is None else seed
+    rng = random.Random(seed)
+    pool = load_requests(pool_file(dep, home))
+    by_set: dict[str, list] = {}
+    for r in pool:
+        by_set.setdefault(r.set, []).append(r)
+    chosen = []
+    for name, k in dep.workload.sets.items():
+        chosen += rng.sample(by_set.get(name, []), k)
+    rng.shuffle(chosen)
+    warm = rng.sample(
+        [r for r in pool if r not in chosen], min(dep.controller.warmup_requests, len(pool) - len(chosen))
+    )
+    picked = warm + chosen
+    reqs = [Request(f"r{i:02d}", r.input_ids, r.max_new_tokens) for i, r in enumerate(picked)]
+    return reqs, {
+        "seed": seed,
+        "pool": len(pool),
+        "sources": {q.id: r.id for q, r in zip(reqs, picked, strict=True)},
+    }
+
+
+def protected_paths(dep: Deployment) -> list[str]:
+    return ENGINE_PROTECTED.get(dep.engine, []) + list(dep.controller.protected)
+
+
+def judge_digest(dep: Deployment, home: Home) -> str:
+    """The digest of everything that decides or records this deployment's verdicts (integrity.py)."""
+    weights = None
+    if dep.engine == "refspec":
+        from .refspec_system import weights_folder
+
+        weights = weights_folder(dep, home)
+    elif Path(dep.target.model).is_dir():
+        weights = Path(dep.target.model)
+    return controller_digest(weights, home.cache / "digests")
+
+
+def digest(db, dep: Deployment, home: Home) -> str:
+    return check_digest(
+        records.get_state(db, dep.name, "controller_digest"), dep.name, judge_digest(dep, home)
+    )

@@ -1,0 +1,273 @@
+"""Start one system confined: `python -I jail.py SPEC.json -- COMMAND...` (Linux; standard library only).
+
+The controller runs every system through this launcher, so a system under judgement
+- sees no other process (its own PID namespace; signals and ptrace reach nothing outside it),
+- sees the machine read-only, with a private /tmp, /var/tmp, /dev/shm, /run and /scratch (its
+  home) that vanish when it exits, and without the SpecPilot home (database, raw runs, request files, workspaces,
+  the other system's export): `hide` covers each such path with an empty, unreadable folder,
+- finds its own tree, the target's weights and its compile cache at the same neutral paths in
+  every run (`binds`, e.g. /system, /cache/models/<name>), so a judged run looks like any other,
+- has no network unless `net` (its own network namespace: loopback only),
+- runs as an unprivileged user (as root: `uid`/`gid`; as a normal user: a user namespace whose
+  root has dropped every capability), with no way to regain privileges, a cap on the size of any
+  file it writes (`fsize`), and is placed in its cgroups (`cgroups`: files to write its pid into)
+  before any of its code runs.
+The launcher stays outside as the namespace's parent; the namespace's first process reaps orphans
+and exits with the system's status. Every failure to set up is one line on stderr and exit 121.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import resource
+import signal
+import sys
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1, 2, 4, 8, 32, 4096, 16384, 1 << 18)  # fmt: skip
+MNT_DETACH, AT_RECURSIVE, MOUNT_ATTR_RDONLY, MS_MOVE = 2, 0x8000, 1, 8192
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_SECUREBITS = 1, 38, 24, 28
+SECURE_ALL = 0x2F  # NOROOT, NOROOT_LOCKED, NO_SETUID_FIXUP_LOCKED, KEEP_CAPS_LOCKED
+SYS = {"x86_64": {"pivot_root": 155, "capset": 126}, "aarch64": {"pivot_root": 41, "capset": 91}}
+SYS_MOUNT_SETATTR = 442  # the same number on every architecture (Linux >= 5.12)
+SETUP_FAILED = 121
+# Top-level folders the new root does not take from the machine: fresh mounts or private tmpfs.
+FRESH = {
+    "proc",
+    "sys",
+    "dev",
+    "tmp",
+    "run",
+    "mnt",
+    "media",
+    "lost+found",
+    "var",
+    "boot",
+    "system",
+    "cache",
+    "scratch",
+}  # the last three are the neutral places a system finds its files
+PRIVATE = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/scratch")  # HOME is /scratch/home
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+class SetupError(Exception):
+    pass
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise SetupError(f"{what}: {os.strerror(err)}")
+
+
+def mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
+    _check(
+        libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}"
+    )
+
+
+def read_only(target: str) -> None:
+    """Make a bind mount and every mount below it read-only."""
+
+    class Attr(ctypes.Structure):
+        _fields_ = [("set", ctypes.c_uint64), ("clr", ctypes.c_uint64), ("prop", ctypes.c_uint64),
+                    ("userns", ctypes.c_uint64)]  # fmt: skip
+
+    attr = Attr(MOUNT_ATTR_RDONLY, 0, 0, 0)
+    ret = libc.syscall(
+        SYS_MOUNT_SETATTR, -100, target.encode(), AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)
+    )
+    if ret != 0:  # an older kernel: remount each mount below the target on its own
+        with open("/proc/self/mountinfo") as f:
+            below = [line.split()[4] for line in f]
+        for m in [m for m in below if m == target or m.startswith(target.rstrip("/") + "/")]:
+            _check(libc.mount(None, m.encode(), None, ctypes.c_ulong(MS_BIND | MS_REMOUNT | MS_RDONLY), None),
+                   f"remount {m} read-only")  # fmt: skip
+
+
+def bind(src: str, target: str, ro: bool) -> None:
+    if os.path.isdir(src):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+    mount(src, target, None, MS_BIND | MS_REC)
+    if ro:
+        read_only(target)
+
+
+def tmpfs(target: str, size: str = "512m", mode: str = "1777") -> None:
+    os.makedirs(target, exist_ok=True)
+    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode}")
+
+
+DEVICES = ("null", "zero", "full", "random", "urandom")  # plus every /dev/nvidia* node (the GPU)
+
+
+def build_dev(new: str) -> None:
+    """A minimal /dev: the harmless nodes, the GPU's, /dev/shm private (no disks, no /dev/kmsg)."""
+    os.makedirs(new + "/dev", exist_ok=True)
+    mount("tmpfs", new + "/dev", "tmpfs", MS_NOSUID, "size=1m,mode=755")
+    for name in [*DEVICES, *sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))]:
+        if os.path.exists("/dev/" + name):
+            bind("/dev/" + name, f"{new}/dev/{name}", ro=False)
+    for i, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{i}", f"{new}/dev/{name}")
+    os.symlink("/proc/self/fd", new + "/dev/fd")
+
+
+def build_root(spec: dict) -> None:
+    """The new root: the machine read-only, private scratch places, the binds, the hidden paths.
+
+    A top-level folder others may not enter (like /root, mode 700) is replaced by an empty one
+    holding only the `expose` paths under it (the interpreter's install, say), read-only.
+    """
+    new = spec["root"]
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("tmpfs", new, "tmpfs", MS_NOSUID, "size=16m,mode=755")
+    for name in sorted(os.listdir("/")):
+        src, dst = "/" + name, os.path.join(new, name)
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+        elif not os.path.isdir(src) or name in FRESH:
+            continue
+        elif os.stat(src).st_mode & 0o001:
+            bind(src, dst, ro=True)
+        else:
+            tmpfs(dst, size="1m", mode="755")
+            for path in spec.get("expose", []):
+                if path.startswith(src + "/") and os.path.exists(path):
+                    bind(path, new + path, ro=True)
+    bind("/var", new + "/var", ro=True)
+    bind("/sys", new + "/sys", ro=True)
+    build_dev(new)
+    os.makedirs(new + "/proc", exist_ok=True)
+    mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for path in PRIVATE:
+        if os.path.isdir(new + os.path.dirname(path)):
+            tmpfs(new + path)
+    for path in spec.get("hide", []):
+        if os.path.isdir(new + path):
+            tmpfs(new + path, size="4k", mode="000")
+    for src, dst, mode in spec.get("binds", []):
+        bind(src, new + dst, ro=mode == "ro")
+    os.makedirs(new + spec["home"], exist_ok=True)
+    if spec.get("uid") is not None:
+        os.chown(new + spec["home"], spec["uid"], spec["gid"])
+    old = new + "/.old-root"
+    os.makedirs(old, exist_ok=True)
+    if libc.syscall(SYS[platform.machine()]["pivot_root"], new.encode(), old.encode()) == 0:
+        os.chdir("/")
+        _check(libc.umount2(b"/.old-root", MNT_DETACH), "detach the old root")
+        os.rmdir("/.old-root")
+    else:  # the machine's root is an initramfs, where pivot_root is refused: move the new root over it
+        os.rmdir(old)
+        os.chdir(new)
+        mount(new, "/", None, MS_MOVE)
+        os.chroot(".")  # no way back out: the system runs without the privilege chroot needs
+        os.chdir("/")
+
+
+def drop_privileges(spec: dict, userns: bool) -> None:
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if not userns:
+        groups = [g for g in spec.get("groups", []) if g]
+        os.setgroups(groups)
+        os.setgid(spec["gid"])
+        os.setuid(spec["uid"])
+        return
+    # Root of a user namespace: keep uid 0 inside it, but with no capability and no way back.
+    _check(libc.prctl(PR_SET_SECUREBITS, SECURE_ALL, 0, 0, 0), "securebits")
+    cap = 0
+    while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [
+            ("effective", ctypes.c_uint32),
+            ("permitted", ctypes.c_uint32),
+            ("inheritable", ctypes.c_uint32),
+        ]
+
+    data = (Data * 2)()
+    _check(
+        libc.syscall(SYS[platform.machine()]["capset"], ctypes.byref(Header(0x20080522, 0)), data), "capset"
+    )
+
+
+def _code(status: int) -> int:
+    """A shell-style exit code: the exit status, or 128 + the signal that ended the process."""
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] == "--" or "--" not in argv:
+        print("usage: jail.py SPEC.json -- COMMAND...", file=sys.stderr)
+        return 2
+    with open(argv[1]) as f:
+        spec = json.load(f)
+    cmd = argv[argv.index("--") + 1 :]
+    userns = os.geteuid() != 0
+    if userns:  # one mapped user: the namespace's root, which drops every capability
+        spec["uid"] = spec["gid"] = None
+    try:
+        for procs in spec.get("cgroups", []):
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+        flags |= 0 if spec.get("net") else CLONE_NEWNET
+        uid, gid = os.getuid(), os.getgid()
+        _check(libc.unshare(flags | (CLONE_NEWUSER if userns else 0)), "unshare (namespaces)")
+        if userns:
+            with open("/proc/self/setgroups", "w") as f:
+                f.write("deny")
+            with open("/proc/self/uid_map", "w") as f:
+                f.write(f"0 {uid} 1")
+            with open("/proc/self/gid_map", "w") as f:
+                f.write(f"0 {gid} 1")
+    except (OSError, SetupError) as e:
+        print(f"jail: {e}", file=sys.stderr)
+        return SETUP_FAILED
+    child = os.fork()
+    if child:  # outside: forward termination, report the system's status
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda s, _f: os.kill(child, signal.SIGKILL))
+        return _code(os.waitpid(child, 0)[1])
+    try:  # PID 1 of the new namespace
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        build_root(spec)
+        libc.sethostname(b"system", 6)
+        os.chdir(spec.get("cwd", "/"))
+        fsize = int(spec.get("fsize", 0))
+        if fsize:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        drop_privileges(spec, userns)
+    except (OSError, SetupError) as e:
+        print(f"jail: {e}", file=sys.stderr)
+        os._exit(SETUP_FAILED)
+    system = os.fork()
+    if system == 0:
+        try:
+            os.execve(cmd[0], cmd, spec.get("env", {}))
+        except OSError as e:
+            print(f"jail: cannot run {cmd[0]}: {e}", file=sys.stderr)
+            os._exit(SETUP_FAILED)
+    while True:  # reap everything; leave with the system's status (the namespace dies with us)
+        pid, status = os.wait()
+        if pid == system:
+            os._exit(_code(status))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

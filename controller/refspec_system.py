@@ -1,0 +1,127 @@
+"""Starting a refspec system: `python -s -m refspec.serve` from its export, confined (confine.py).
+
+The same command line, paths and environment in every run the controller makes (Phase 0,
+compare, noise, audit, an agent's quick measure), so nothing a system can see tells one from
+another. Before a tree's first timed period it gets one untimed *prepare* run on decoy weights
+(random values, the real shapes and config) with its compile cache writable, so Triton kernels and
+the like compile once; timed runs read that cache and never write it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specpilot.deployments import Deployment, Home, SpecPilotError
+from specpilot.deployments.stock import import_refspec
+
+from .confine import CACHE, SYSTEM, confine, hand_to, take_back
+from .engine import JsonLinesSystem, LineProcess
+from .slots import Slot
+
+PREPARED = ".prepared"  # marker the controller writes into a compile cache once its prepare run passed
+
+
+def weights_folder(dep: Deployment, home: Home) -> Path:
+    """The target's HF folder on this machine (SmolLM2 is converted from its GGUF on first use)."""
+    import_refspec()
+    from refspec.errors import RefspecError
+    from refspec.weights import resolve_model
+
+    try:
+        return resolve_model(dep.target.model, home.cache)
+    except RefspecError as e:
+        raise SpecPilotError(f"deployment {dep.name!r}: the target's weights: {e}") from None
+
+
+def decoy_folder(real: Path, home: Home) -> Path:
+    """Random weights with the real folder's names, shapes, dtypes, config and tokenizer (made once)."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    out = home.cache / "decoys" / real.name
+    if (out / "model.safetensors").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".decoy-"))
+    try:
+        gen = torch.Generator().manual_seed(0)
+        tensors = {}
+        for f in sorted(real.glob("*.safetensors")):
+            with safe_open(str(f), "pt") as st:
+                for name in st.keys():  # noqa: SIM118 — safe_open has no __iter__
+                    t = st.get_slice(name)
+                    shape, dtype = t.get_shape(), getattr(torch, {"F32": "float32", "BF16": "bfloat16",
+                                                                  "F16": "float16"}.get(t.get_dtype(), "float32"))  # fmt: skip
+                    tensors[name] = (torch.randn(shape, generator=gen) * 0.02).to(dtype)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"decoy": "random values"})
+        for f in real.iterdir():
+            if f.is_file() and f.suffix != ".safetensors":
+                shutil.copy2(f, tmp / f.name)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def compile_cache(home: Home, tree: str, slot: Slot) -> Path:
+    return home.cache / "compile" / f"{tree}-{slot.kind}"
+
+
+@dataclass(frozen=True)
+class RefspecAdapter:
+    """`python -s -m refspec.serve` from a system's export, confined, the tree alone on PYTHONPATH."""
+
+    dep: Deployment
+    home: Home
+
+    def start(self, tree: str, path: Path, slot: Slot, log: Path, role: str = "A", prepare: bool = False):
+        real = weights_folder(self.dep, self.home)
+        weights = decoy_folder(real, self.home) if prepare else real
+        inside = f"{CACHE}/models/{real.name}"
+        model = (
+            self.dep.target.model
+            if (real.parent.name == "models" and real.name == self.dep.target.model)
+            else inside
+        )
+        cc = compile_cache(self.home, tree, slot)
+        cc.mkdir(parents=True, exist_ok=True)
+        if prepare:
+            hand_to(cc, role)
+        cmd = [sys.executable, "-s", "-m", "refspec.serve", "--device", slot.device_arg(), "--model", model,
+               "--cache", CACHE]  # fmt: skip
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONPATH": SYSTEM,
+            "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "TRITON_CACHE_DIR": f"{CACHE}/compile/triton", "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/compile/inductor",
+            "CUDA_CACHE_PATH": f"{CACHE}/compile/nv", **slot.env(),
+        }  # fmt: skip
+        for var in ("LD_LIBRARY_PATH", "CUDA_HOME"):
+            if var in os.environ:
+                env[var] = os.environ[var]
+        binds = [(weights, inside, "ro"), (cc, f"{CACHE}/compile", "rw" if prepare else "ro")]
+        cpus = {slot.index} if slot.kind == "cpu" else None
+        launch = confine(cmd, role=role, tree=path, binds=binds, home=self.home, env=env, cpus=cpus)
+        core = slot.index if slot.kind == "cpu" else None
+        return JsonLinesSystem(LineProcess(launch, cwd=path, log=log, cpu_core=core))
+
+    def prepare(self, tree: str, path: Path, slot: Slot, log: Path, role: str) -> float | None:
+        """One untimed run on decoy weights that fills the tree's compile cache (once per tree and
+        device kind); the seconds it took to be ready, or None when the cache was ready already."""
+        cc = compile_cache(self.home, tree, slot)
+        if (cc / PREPARED).is_file():
+            return None
+        system = self.start(tree, path, slot, log, role, prepare=True)
+        try:
+            ready = system.wait_ready()
+        finally:
+            system.stop()
+        take_back(cc)
+        (cc / PREPARED).write_text(json.dumps({"ready_s": ready.get("_ready_s")}))
+        return ready.get("_ready_s")

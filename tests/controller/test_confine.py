@@ -1,0 +1,171 @@
+"""Confinement of a system (jail.py, confine.py, cgroups.py): real namespaces, real cgroups.
+
+A probe program runs confined the way the controller runs every system and reports what it can
+see and do; the host checks the other side. Skipped, saying so, where the machine cannot confine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specpilot.controller.cgroups import Cgroup
+from specpilot.controller.confine import FSIZE, UID_BASE, check_available, confine
+from specpilot.deployments import Home, SpecPilotError
+
+try:
+    check_available()
+    CONFINE = None
+except SpecPilotError as e:
+    CONFINE = str(e)
+pytestmark = pytest.mark.skipif(CONFINE is not None, reason=f"cannot confine here: {CONFINE}")
+
+PROBE = r"""
+import json, os, signal, socket, sys
+out = {"uid": os.getuid(), "pid": os.getpid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+       "cwd": os.getcwd(), "home": os.environ.get("HOME"), "tmp": os.listdir("/tmp"), "system": sorted(os.listdir("/system")),
+       "affinity": sorted(os.sched_getaffinity(0))}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "ok"
+    except OSError as e:
+        out[name] = type(e).__name__ + ": " + (e.strerror or "")
+attempt("write_system", lambda: open("/system/x", "w").write("x"))
+attempt("write_host", lambda: open(sys.argv[1] + "/x", "w").write("x"))
+attempt("read_hidden", lambda: os.listdir(sys.argv[2]))
+attempt("kill_host", lambda: os.kill(int(sys.argv[3]), signal.SIGSTOP))
+attempt("net", lambda: socket.create_connection(("127.0.0.1", int(sys.argv[4])), timeout=1))
+attempt("keep_state", lambda: open("/tmp/state", "w").write("from an earlier period"))
+attempt("widen_affinity", lambda: os.sched_setaffinity(0, set(range(os.cpu_count()))))
+out["affinity_after"] = sorted(os.sched_getaffinity(0))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    home = Home(tmp_path / "home")
+    (home.root / "runs").mkdir(parents=True)
+    (home.root / "runs" / "secret.jsonl").write_text("the other system's outputs\n")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "probe.py").write_text(PROBE)
+    writable = tmp_path / "host-dir"
+    writable.mkdir()
+    os.chmod(writable, 0o777)  # world-writable on the host: the confined system must still not write it
+    return home, tree, writable
+
+
+def run_probe(home: Home, tree: Path, writable: Path, cpus: set[int] | None = None) -> dict:
+    victim = subprocess.Popen(["sleep", "30"])
+    server = __import__("socket").socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    try:
+        launch = confine([sys.executable, "-I", "/system/probe.py", str(writable), str(home.root), str(victim.pid),
+                          str(server.getsockname()[1])], role="B", tree=tree, binds=[], home=home,
+                         env={"PATH": "/usr/bin:/bin"}, cpus=cpus)  # fmt: skip
+        try:
+            proc = subprocess.run(launch.argv, env=launch.env, capture_output=True, text=True, timeout=60)
+        finally:
+            launch.cleanup()
+        assert proc.returncode == 0, proc.stderr
+        assert victim.poll() is None and _state(victim.pid) != "T", (
+            "the confined system stopped a host process"
+        )
+        return json.loads(proc.stdout)
+    finally:
+        victim.kill()
+        server.close()
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_confined_system_sees_nothing_and_touches_nothing(world):
+    home, tree, writable = world
+    got = run_probe(home, tree, writable)
+    assert got["pids"] == [1, 2] and got["pid"] == 2, "only its own namespace's init and itself"
+    assert got["cwd"] == "/system" and got["home"] == "/scratch/home" and got["tmp"] == []
+    assert got["system"] == ["probe.py"]
+    if os.geteuid() == 0:
+        assert got["uid"] == UID_BASE + 1  # role B's own user
+    assert got["write_system"].startswith("OSError: Read-only file system"), got["write_system"]
+    assert got["write_host"] != "ok", "a world-writable host folder is out of reach (read-only or not there)"
+    assert got["read_hidden"] != "ok", "the SpecPilot home is out of sight"
+    assert not (writable / "x").exists()
+    assert got["kill_host"].startswith("ProcessLookupError"), "a host pid means nothing inside"
+    assert got["net"].startswith(("ConnectionRefusedError", "OSError")), (
+        "no network: not even the host's loopback"
+    )
+    assert got["keep_state"] == "ok"  # its own /tmp ...
+    again = run_probe(home, tree, writable)
+    assert again["tmp"] == [], "... is gone for the next run"
+
+
+def test_the_hidden_home_is_empty_inside(world, tmp_path):
+    home, tree, writable = world
+    (tree / "probe.py").write_text(
+        "import os, sys, json\n"
+        "try:\n    seen = os.listdir(sys.argv[1] + '/runs')\nexcept OSError as e:\n    seen = str(e)\n"
+        "print(json.dumps(seen))\n"
+    )
+    launch = confine([sys.executable, "-I", "/system/probe.py", str(home.root)], role="A", tree=tree, binds=[],
+                     home=home, env={"PATH": "/usr/bin:/bin"}, cpus=None)  # fmt: skip
+    try:
+        proc = subprocess.run(launch.argv, env=launch.env, capture_output=True, text=True, timeout=60)
+    finally:
+        launch.cleanup()
+    seen = json.loads(proc.stdout)
+    assert "secret.jsonl" not in seen
+
+
+def test_a_file_past_the_size_limit_ends_the_system(world):
+    home, tree, _ = world
+    (tree / "probe.py").write_text(
+        f"f = open('/tmp/big', 'wb')\nf.write(b'x' * ({FSIZE} + 4096))\nf.flush()\nprint('wrote')\n"
+    )
+    launch = confine([sys.executable, "-I", "/system/probe.py"], role="A", tree=tree, binds=[], home=home,
+                     env={"PATH": "/usr/bin:/bin"}, cpus=None)  # fmt: skip
+    try:
+        proc = subprocess.run(launch.argv, env=launch.env, capture_output=True, text=True, timeout=60)
+    finally:
+        launch.cleanup()
+    assert "wrote" not in proc.stdout and proc.returncode != 0
+
+
+@pytest.mark.skipif(Cgroup.create(None) is None, reason="no writable cgroup hierarchy with cpuset here")
+def test_the_cpuset_holds_and_the_freezer_stops_everything(world):
+    home, tree, writable = world
+    got = run_probe(home, tree, writable, cpus={0})
+    assert got["affinity"] == [0] and got["affinity_after"] == [0], "a cpuset cannot be widened from inside"
+    cg = Cgroup.create({0})
+    assert cg is not None
+    spin = subprocess.Popen(
+        [sys.executable, "-c", "import threading\nfor _ in range(2): threading.Thread(target=lambda: [0 for _ in iter(int, 1)]).start()"],
+        preexec_fn=lambda: [Path(f).write_text(str(os.getpid())) for f in cg.procs],
+    )  # fmt: skip
+    try:
+        time.sleep(0.5)
+        cg.freeze(True)
+        t0 = cg.cpu_seconds()
+        time.sleep(0.5)
+        frozen = cg.cpu_seconds() - t0
+        cg.freeze(False)
+        time.sleep(0.5)
+        assert (
+            frozen < 0.02 and cg.cpu_seconds() - t0 > 0.1
+        )  # a thawed spinner runs again (machine may be busy)
+        assert set(cg.pids()) >= {spin.pid}
+    finally:
+        cg.remove()
+        spin.wait(timeout=10)
+    assert not Path(cg.procs[0]).exists()
