@@ -45,11 +45,13 @@ def round_(
             line.plain = f"[{time.monotonic() - t0:6.0f}s] {step}: {msg}"
 
         if c.json:
-            rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, lambda *_: None, options)
+            rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, lambda *_: None, options,
+                                  rounds_left=rounds - k - 1)  # fmt: skip
             state = rnd.run()
         else:
             with Live(line, console=console, refresh_per_second=4, transient=True):
-                rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, progress, options)
+                rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, progress, options,
+                                      rounds_left=rounds - k - 1)  # fmt: skip
                 line.plain = f"round {rnd.number} of {dep.name} (agent {rnd.state.get('agent', agent)})"
                 state = rnd.run()
         reports.append({"deployment": dep.name, "round": rnd.number, "status": "done",

@@ -137,8 +137,13 @@ def round_panel(deployment: str, number: int, status: str, st: dict[str, Any]) -
         parts.append(runs)
     comb = st.get("combination")
     if comb:
-        note = f" ({comb['note']})" if comb.get("note") else ""
-        parts.append(Text(f"combination: {comb['kind']}, applied {comb.get('applied')}{note}"))
+        parts.append(
+            Text(f"combination: {comb['kind']}, directions {', '.join(comb.get('applied') or []) or 'none'}")
+        )
+        for i, why in (comb.get("dropped") or {}).items():
+            parts.append(
+                Text(f"left out: direction {i} ({st['directions'][int(i)]['title']}): {why}", style="yellow")
+            )
     if res:
         if res.get("changed"):
             ok = all(r.get("ok") for r in res.get("seal_check", []))

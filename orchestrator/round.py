@@ -85,6 +85,8 @@ class Round:
     def plan(self) -> None:
         master, _ = make_agents(self.state["agent"], self)
         slots = list(self.dep.devices.slots)
+        if len(slots) == 1:  # one device: two directions, implemented side by side, judged in turn on it
+            slots = slots * 2
         ctx = PlanningContext(
             deployment=self.dep.name, engine=self.dep.engine, system_tree=self.state["baseline"]["tree"],
             system_entries=self.state["baseline"]["entries"], costmodel=self.state["costmodel"],
@@ -182,7 +184,7 @@ def git(repo, *args: str) -> str:
 
 
 def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None, progress: Progress,
-                    agent_options: dict[str, Any] | None = None) -> Round:  # fmt: skip
+                    agent_options: dict[str, Any] | None = None, rounds_left: int = 0) -> Round:  # fmt: skip
     """A new round from the current sealed system, or round `resume` where it stopped (with the agent
     and agent options it started with)."""
     db = connect(home)
@@ -208,6 +210,7 @@ def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None,
         "tree": ws.system_tree,
         "entries": sealing.system_entries(db, dep, ws.system_tree),
     }
-    state = {"agent": agent, "agent_options": agent_options or {}, "baseline": base, "finished": []}
+    state = {"agent": agent, "agent_options": agent_options or {}, "baseline": base, "finished": [],
+             "rounds_left": rounds_left}  # fmt: skip
     rec = records.start_round(db, dep.name, state)
     return Round(dep, home, rec.number, dict(rec.state), progress)

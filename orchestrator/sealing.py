@@ -100,51 +100,71 @@ def _git(repo: Path, *args: str, input: bytes | None = None) -> bytes:
     return proc.stdout
 
 
+def merge_patches(
+    ws: Workspace, name: str, base: str, branches: list[tuple[str, str]]
+) -> tuple[str, list[str], dict[str, str]]:
+    """Three-way merge of the patch branches (key, branch) onto `base`, in order, into branch
+    cand/<name>: (its commit, the keys merged, key -> why it was left out). A branch that conflicts
+    with what is merged already is left out and named with its conflicting files; nothing of it
+    stays in the tree."""
+    repo = ws.root / "repo"
+    ws.remove_worktree(name)
+    wt = ws.add_worktree(name, base)
+    applied: list[str] = []
+    dropped: dict[str, str] = {}
+    for key, branch in branches:
+        proc = subprocess.run(["git", "-c", "user.name=specpilot", "-c", "user.email=specpilot@localhost", "merge",
+                               "--no-ff", "--no-edit", "-m", f"merge {branch}", branch],
+                              cwd=wt, capture_output=True, text=True)  # fmt: skip
+        if proc.returncode == 0:
+            applied.append(key)
+            continue
+        files = subprocess.run(["git", "diff", "--name-only", "--diff-filter=U"], cwd=wt, capture_output=True,
+                               text=True).stdout.split()  # fmt: skip
+        subprocess.run(["git", "merge", "--abort"], cwd=wt, capture_output=True)
+        merged = ", ".join(f"direction {k}" for k in applied) or "the system"
+        dropped[key] = f"conflicts with {merged} in {', '.join(files) or 'the tree'}"
+    commit = _git(repo, "rev-parse", f"cand/{name}").decode().strip()
+    return commit, applied, dropped
+
+
 def combine(rnd: Round) -> dict[str, Any]:
-    """The approved patches on the current system: one as is, several applied together and judged
-    again; a patch that conflicts is dropped, and a combination that loses the gain gives way to
-    the best single patch."""
+    """The approved patches on the current system: one as is; several merged (three-way), the merge
+    judged against the best single patch and kept only when it beats it; every patch left out is
+    named with its reason."""
     st, base = rnd.state, rnd.state["baseline"]
     evals = st["evaluations"]
     approved = sorted((i for i in evals if evals[i]["approved"]), key=lambda i: -evals[i]["gain"])
     repo = rnd.ws.root / "repo"
     if not approved:
-        return {"kind": "none", "commit": base["commit"], "tree": base["tree"], "applied": []}
+        return {"kind": "none", "commit": base["commit"], "tree": base["tree"], "applied": [], "dropped": {}}
 
-    def single(i: str, note: str = "") -> dict[str, Any]:
+    def single(i: str, dropped: dict[str, str]) -> dict[str, Any]:
         commit = _git(repo, "rev-parse", st["patches"][i]["branch"]).decode().strip()
         return {
             "kind": "single",
             "commit": commit,
             "tree": st["patches"][i]["tree"],
             "applied": [i],
-            "note": note,
+            "dropped": dropped,
         }
 
     if len(approved) == 1:
-        return single(approved[0])
+        return single(approved[0], {})
     name = f"r{rnd.number}-combined"
-    rnd.ws.remove_worktree(name)
-    wt = rnd.ws.add_worktree(name, base["commit"])
-    applied, dropped = [], []
-    for i in approved:
-        diff = _git(repo, "diff", "--binary", base["commit"], st["patches"][i]["branch"])
-        proc = subprocess.run(
-            ["git", "apply", "--whitespace=nowarn", "-"], cwd=wt, input=diff, capture_output=True
-        )
-        (applied if proc.returncode == 0 else dropped).append(i)
-    if len(applied) == 1:
-        return single(applied[0], f"dropped (conflict): {dropped}")
-    tree = rnd.ws.commit_worktree(wt, f"round {rnd.number}: combination of {applied}")
-    rnd.progress("combine", f"judging the combination of directions {applied}")
-    ev = controller.compare(rnd.dep, rnd.home, base["commit"], f"cand/{name}")
-    st["combination_eval"] = evaluation_json(ev)
+    commit, applied, dropped = merge_patches(rnd.ws, name, base["commit"],
+                                             [(i, st["patches"][i]["branch"]) for i in approved])  # fmt: skip
     best = approved[0]
-    if ev.approved and ev.gain >= evals[best]["gain"]:
-        commit = _git(repo, "rev-parse", f"cand/{name}").decode().strip()
+    if len(applied) == 1:
+        return single(best, dropped)
+    rnd.progress("combine", f"judging the merge of directions {applied} against direction {best} alone")
+    ev = controller.compare(rnd.dep, rnd.home, st["patches"][best]["branch"], f"cand/{name}")
+    st["combination_eval"] = evaluation_json(ev)
+    if ev.approved:
+        tree = _git(repo, "rev-parse", f"{commit}^{{tree}}").decode().strip()
         return {"kind": "combined", "commit": commit, "tree": tree, "applied": applied, "dropped": dropped}
-    return single(best, f"the combination of {applied} was not better (gain {ev.gain:.3f}, approved "
-                        f"{ev.approved}); kept the best single patch")  # fmt: skip
+    why = f"the merge with direction {best} did not beat it alone (gain {ev.gain:.3f}, lower bound {ev.lower_bound:.3f})"
+    return single(best, dropped | {i: why for i in applied if i != best})
 
 
 def seal(rnd: Round) -> dict[str, Any]:

@@ -1,0 +1,89 @@
+"""A round's combination of approved patches, on a real workspace with real entry patches.
+
+Deterministic: the merge of the patches is git's three-way merge, and a combination of one
+surviving patch is kept without being judged again, so no timing enters these tests. (A merge of
+two or more patches is judged against the best single patch by the controller; the round tests
+and the main job exercise that.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specpilot.agents.memory_backend import MemorySubAgent
+from specpilot.agents.protocol import Direction
+from specpilot.deployments import Home, load_deployment
+from specpilot.memory_store import builtin_bundles, open_memory, replay
+from specpilot.orchestrator import sealing
+from specpilot.orchestrator.round import Round
+from specpilot.orchestrator.workspace import Workspace
+
+
+@pytest.fixture
+def world(tmp_path):
+    home = Home(tmp_path / "home")
+    dep = load_deployment("smollm-cpu")
+    ws, _ = Workspace.init(home, dep)
+    memory = open_memory(home)
+    sealing.ensure_builtin(memory, dep)
+    return home, dep, ws, memory
+
+
+def _apply(ws: Workspace, name: str, entry: str, patch: str) -> str:
+    """A candidate branch: stock + the patch, committed as the round's sub-agent would."""
+    wt = ws.add_worktree(name, "system")
+    d = Direction(
+        title=f"apply {entry}",
+        hypothesis="from memory",
+        target_factor="tree",
+        expected_gain=0.0,
+        plan="apply it",
+        entry=entry,
+    )
+    MemorySubAgent({entry: [(entry, patch)]}).implement(d, wt, "cpu:0", tools=None)
+    return ws.commit_worktree(wt, entry)
+
+
+def _retune(ws: Workspace, name: str, block: int) -> str:
+    wt = ws.add_worktree(name, "system")
+    toml = wt / "refspec.toml"
+    toml.write_text(toml.read_text().replace("block_size = 8 ", f"block_size = {block} "))
+    return ws.commit_worktree(wt, f"block_size = {block}")
+
+
+def test_independent_patches_merge_into_the_tree_their_entries_replay_to(world):
+    home, dep, ws, memory = world
+    bundle = builtin_bundles()["refspec"]
+    for name, entry in (("tree", "refspec-tree-verify"), ("dc", "refspec-draft-confidence")):
+        _apply(ws, name, entry, (bundle / f"{entry}.patch").read_text())
+    commit, applied, dropped = sealing.merge_patches(
+        ws, "both", "system", [("0", "cand/tree"), ("1", "cand/dc")]
+    )
+    assert applied == ["0", "1"] and dropped == {}
+    tree = ws.repo.commit(commit).tree.hexsha
+    assert tree == replay(memory, dep, ["refspec-tree-verify", "refspec-draft-confidence"]).tree
+
+
+def test_a_conflicting_patch_is_left_out_and_named_in_the_round(world):
+    home, dep, ws, memory = world
+    trees = {"0": _retune(ws, "b12", 12), "1": _retune(ws, "b6", 6)}
+    state = {
+        "baseline": {"commit": ws.repo.commit("system").hexsha, "tree": ws.system_tree, "entries": []},
+        "directions": [{"title": t, "target_factor": "tree"} for t in ("block 12", "block 6")],
+        "patches": {i: {"branch": f"cand/{b}", "tree": trees[i]} for i, b in (("0", "b12"), ("1", "b6"))},
+        "evaluations": {"0": {"approved": True, "gain": 1.05}, "1": {"approved": True, "gain": 1.03}},
+    }
+    rnd = Round(dep, home, 1, state, lambda *_: None)
+    comb = sealing.combine(rnd)
+    assert comb["kind"] == "single" and comb["applied"] == ["0"] and comb["tree"] == trees["0"]
+    assert comb["dropped"] == {"1": "conflicts with direction 0 in refspec.toml"}
+    from rich.console import Console
+
+    from specpilot.orchestrator.reports import round_panel
+
+    con = Console(width=100, record=True)
+    con.print(round_panel(dep.name, 1, "done", state | {"combination": comb}))
+    text = con.export_text()
+    assert "left out: direction 1 (block 6): conflicts with direction 0 in refspec.toml" in " ".join(
+        text.split()
+    )
