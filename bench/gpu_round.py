@@ -1,0 +1,144 @@
+"""The loop on one GPU, end to end: refspec against HF, a round, seal-check, A/A comparisons.
+
+    python bench/gpu_round.py --out DIR [--steps speed,round,seal,aa] [--aa 10] [--budget-s 540]
+
+Run after `source bench/gpu_env.sh` on the lent H200 (bench/gpu_prepare.sh says how the weights
+and packages get there). Steps, each written to DIR/gpu_round_smollm_h200.json as it finishes:
+- speed: bench/refspec_cuda.py on the smollm-h200 requests with the real SmolLM2 weights: refspec
+  AR and stock spec ms per token (CUDA graphs), HF Transformers `generate` on the same prompts;
+- round: `specpilot round --deployment smollm-h200` (memory agent), its wall time and verdicts;
+- seal: `specpilot seal-check --all`;
+- aa: stock against a no-op commit of stock, `--aa` comparisons, in the one-GPU design.
+Steps stop starting once the budget is spent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEP = "smollm-h200"
+
+
+def cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from specpilot.orchestrator.cli import main; main()", *args], capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", default="speed,round,seal,aa")
+    ap.add_argument("--aa", type=int, default=10)
+    ap.add_argument("--budget-s", type=float, default=540)
+    args = ap.parse_args()
+    t_start = time.monotonic()
+    left = lambda: args.budget_s - (time.monotonic() - t_start)  # noqa: E731
+    result_file = args.out / "gpu_round_smollm_h200.json"
+    res: dict = json.loads(result_file.read_text()) if result_file.is_file() else {}
+
+    def save() -> None:
+        result_file.write_text(json.dumps(res, indent=1))
+
+    from specpilot.deployments import Home, load_deployment
+    from specpilot.deployments.workloads import request_file
+
+    home = Home.resolve()
+    dep = load_deployment(DEP, home)
+    steps = args.steps.split(",")
+    if "speed" in steps and left() > 60:
+        req = request_file(dep, home)
+        from specpilot.controller.refspec_system import weights_folder
+
+        folder = weights_folder(dep, home)
+        t = time.monotonic()
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "refspec_cuda.py"), "--model", str(folder),
+                               "--requests", str(req), "--prompts", "12", "--tokens", str(dep.workload.max_new_tokens),
+                               "--json", str(args.out / "refspec_cuda_smollm_h200.json")],
+                              capture_output=True, text=True, timeout=max(60, left()))  # fmt: skip
+        print(proc.stdout[-3000:], proc.stderr[-2000:], flush=True)
+        if proc.returncode == 0:
+            sp = json.loads((args.out / "refspec_cuda_smollm_h200.json").read_text())
+            res |= {"ar_ms_per_token": sp["ar"]["ms_per_token"], "spec_ms_per_token": sp["spec"]["ms_per_token"],
+                    "hf_ar_ms_per_token": sp.get("hf_ar_ms_per_token"), "spec_speedup_over_ar": sp["spec_speedup_over_ar"],
+                    "tau": sp["spec"]["tau"], "ar_step_ms": sp["ar_step_ms"], "spec_equals_ar": sp["spec_equals_ar"],
+                    "speed_s": time.monotonic() - t}  # fmt: skip
+        save()
+    if "round" in steps and left() > 120:
+        t = time.monotonic()
+        proc = cli("round", "--deployment", DEP, "--agent", "memory", timeout=max(60, left()))
+        res["round_wall_s"] = time.monotonic() - t
+        res["round_rc"] = proc.returncode
+        (args.out / "round.log").write_text(proc.stdout + "\n" + proc.stderr)
+        print(proc.stdout[-4000:], proc.stderr[-2000:], flush=True)
+        rep = cli("--json", "report", "-d", DEP, timeout=120)
+        if rep.returncode == 0:
+            (args.out / "round_report.json").write_text(rep.stdout)
+        text = cli("report", "-d", DEP, timeout=120)
+        (args.out / "round_report.txt").write_text(text.stdout)
+        from specpilot.memory_store import connect, records
+
+        db = connect(home)
+        last = records.get_round(db, DEP)
+        if last is not None:
+            evs = last.state.get("evaluations", {})
+            res["verdicts"] = [{"entry": d.get("entry") or d.get("title"), "gain": evs.get(str(i), {}).get("gain"),
+                                "lower_bound": evs.get(str(i), {}).get("lower_bound"),
+                                "approved": evs.get(str(i), {}).get("approved"),
+                                "reasons": evs.get(str(i), {}).get("reasons")}
+                               for i, d in enumerate(last.state.get("directions", []))]  # fmt: skip
+            noise = records.get_state(db, DEP, "noise") or {}
+            res["phase0_sigma"] = noise.get("sigma")
+        save()
+    if "seal" in steps and left() > 20:
+        proc = cli("seal-check", "--all", timeout=max(20, left()))
+        res["seal_check_passed"] = proc.returncode == 0
+        res["seal_check_tail"] = proc.stdout[-1500:]
+        save()
+    if "aa" in steps and left() > 60:
+        aa(dep, home, res, args, left, save)
+    res["total_s"] = time.monotonic() - t_start
+    save()
+    print(json.dumps({k: v for k, v in res.items() if k not in ("seal_check_tail", "aa_rows")}, indent=1))
+
+
+def aa(dep, home, res: dict, args, left, save) -> None:
+    """Stock against a copy of stock differing by one comment (another tree hash), sequential."""
+    from specpilot import controller
+    from specpilot.memory_store import connect, records
+    from specpilot.orchestrator.workspace import Workspace
+
+    ws, _ = Workspace.init(home, dep)
+    db = connect(home)
+    if records.get_state(db, dep.name, "phase0") is None:
+        controller.run_phase0(dep, home)
+    if "cand/aa-copy" not in [h.name for h in ws.repo.heads]:
+        wt = ws.add_worktree("aa-copy", "stock")
+        gen = wt / "refspec" / "generate.py"
+        gen.write_text(gen.read_text() + "\n# A/A copy: the same system under another tree hash.\n")
+        ws.commit_worktree(wt, "A/A copy of stock")
+    rows = res.setdefault("aa_rows", [])
+    while len(rows) < args.aa and left() > 45:
+        t = time.monotonic()
+        ev = controller.compare(dep, home, "stock", "cand/aa-copy")
+        rows.append({"gain": ev.gain, "lower_bound": ev.lower_bound, "approved": ev.approved, "threshold": ev.threshold,
+                     "sigma": ev.sigma, "blocks": ev.evidence.get("n"), "seconds": time.monotonic() - t,
+                     "reasons": ev.reasons})  # fmt: skip
+        print(
+            f"A/A {len(rows)}: gain {ev.gain:.4f} LB {ev.lower_bound:.4f} bar {ev.threshold:.2%} "
+            f"{'APPROVED' if ev.approved else 'rejected'} {rows[-1]['seconds']:.0f}s",
+            flush=True,
+        )
+        noise = records.get_state(db, dep.name, "noise") or {}
+        res |= {"aa_comparisons": len(rows), "aa_approved": sum(r["approved"] for r in rows),
+                "aa_sigma": noise.get("sigma"), "aa_pooled_block_sd": noise.get("pooled_sd")}  # fmt: skip
+        save()
+
+
+if __name__ == "__main__":
+    main()
