@@ -1,47 +1,49 @@
-"""The controller against itself: stock vs stock, many times, must never be approved.
+"""The controller against itself, and against a calibrated gain: approvals, bounds, time to a verdict.
 
-    python bench/controller_aa.py --deployment smollm-cpu --comparisons 20 [--home DIR]
+    python bench/controller_aa.py --deployment smollm-cpu --comparisons 20 [--home DIR] [--json OUT]
+    python bench/controller_aa.py --deployment smollm-cpu --comparisons 10 --gain 0.03 ...
 
-Each comparison is a full `controller.compare` (paired, slot-swapped blocks, token-forcing audit,
-stored verdict) of stock against a copy of stock that differs by one comment line — the same
-system, with a different tree hash so the controller cannot tell. Reports the approval count, the
-gains and bounds, the time to a verdict, and the power to detect a true 3% gain in this design,
-computed from the measured spread (noncentral t). Phase 0 runs first if the home has none.
+A/A (default): each comparison is a full `controller.compare` (sequential blocks, audit, stored
+verdict) of stock against a copy of stock that differs by one comment line — the same system under
+another tree hash. `--gain G`: the baseline is stock with a sleep in every decode step worth a
+fraction G of stock's own step time (measured on this machine first), so stock is a true
+1/(1 - G)-ish faster candidate: a calibrated gain. Phase 0 runs first if the home has none.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import time
 from pathlib import Path
-
-from scipy import stats
 
 from specpilot import controller
 from specpilot.deployments import Home, load_deployment
 from specpilot.memory_store import connect, records
 from specpilot.orchestrator.workspace import Workspace
 
+STEP = '        if mode == "spec":\n            return self.step('
 
-def power(true_gain: float, bar: float, log_sd: float, n: int) -> float:
-    """P(one-sided 95% lower bound > 1 + bar) when the true gain is `true_gain` (noncentral t)."""
-    if n < 2 or log_sd <= 0:
-        return float("nan")
-    se = log_sd / math.sqrt(n)
-    crit = stats.t.ppf(0.95, n - 1)
-    # LB > log(1+bar)  <=>  t = mean/se > crit + log(1+bar)/se
-    nc = math.log(true_gain) / se
-    return float(stats.nct.sf(crit + math.log1p(bar) / se, n - 1, nc))
+
+def step_seconds(dep, home) -> float:
+    """Stock's mean decode step time on this machine, from its Phase 0 run's raw timings."""
+    db = connect(home)
+    runs = [r for r in records.list_runs(db, dep.name) if r.kind == "noise" and r.status == "done"]
+    raw = Path(runs[-1].raw_path)
+    lines = [json.loads(x) for x in raw.read_text().splitlines()]
+    rows = [r for r in lines if r.get("system") == "A" and not r.get("warmup")]
+    seconds = sum(r["t_done"] - r["t_send"] for r in rows)
+    steps = sum(r["claims"].get("steps", 0) for r in rows)
+    return seconds / steps
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--deployment", default="smollm-cpu")
     ap.add_argument("--comparisons", type=int, default=20)
+    ap.add_argument("--gain", type=float, default=0.0, help="a calibrated true gain (0.03 = 3%%); 0: A/A")
     ap.add_argument("--home", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -53,42 +55,48 @@ def main() -> None:
         t = time.monotonic()
         controller.run_phase0(dep, home)
         print(f"Phase 0: {time.monotonic() - t:.0f}s")
-    if "cand/aa-copy" not in [h.name for h in ws.repo.heads]:
-        wt = ws.add_worktree("aa-copy", "stock")
-        gen = wt / "refspec" / "generate.py"
-        gen.write_text(gen.read_text() + "\n# A/A copy: the same system under another tree hash.\n")
-        ws.commit_worktree(wt, "A/A copy of stock")
-    noise = records.get_state(db, dep.name, "noise")
+    heads = [h.name for h in ws.repo.heads]
+    if args.gain:
+        name = f"slow-{round(args.gain * 1000)}"
+        delay = step_seconds(dep, home) * args.gain / (1 - args.gain)
+        if f"cand/{name}" not in heads:
+            wt = ws.add_worktree(name, "stock")
+            gen = wt / "refspec" / "generate.py"
+            gen.write_text(gen.read_text().replace(STEP, f"        __import__('time').sleep({delay:.6f})\n" + STEP, 1))
+            ws.commit_worktree(wt, f"stock slowed by {args.gain:.0%} of a step")
+        baseline, candidate = f"cand/{name}", "stock"
+    else:
+        if "cand/aa-copy" not in heads:
+            wt = ws.add_worktree("aa-copy", "stock")
+            gen = wt / "refspec" / "generate.py"
+            gen.write_text(gen.read_text() + "\n# A/A copy: the same system under another tree hash.\n")
+            ws.commit_worktree(wt, "A/A copy of stock")
+        baseline, candidate = "stock", "cand/aa-copy"
     rows = []
     for i in range(args.comparisons):
         t = time.monotonic()
-        ev = controller.compare(dep, home, "stock", "cand/aa-copy")
+        ev = controller.compare(dep, home, baseline, candidate)
         rows.append({"gain": ev.gain, "lower_bound": ev.lower_bound, "approved": ev.approved,
-                     "threshold": ev.threshold, "seconds": time.monotonic() - t, "unit": ev.unit,
-                     "n": ev.evidence.get("n"), "log_sd": ev.evidence.get("log_sd"), "verdict": ev.verdict_id,
-                     "measurement": [r for r in ev.reasons if r.startswith("measurement")],
-                     "within_sd": math.sqrt(ev.evidence.get("within_var") or math.nan)})  # fmt: skip
+                     "threshold": ev.threshold, "sigma": ev.sigma, "seconds": time.monotonic() - t,
+                     "blocks": ev.evidence.get("n"), "set_aside": ev.evidence.get("set_aside"),
+                     "verdict": ev.verdict_id, "reasons": ev.reasons})  # fmt: skip
         print(f"{i + 1:3d}: gain {ev.gain:.4f} lower bound {ev.lower_bound:.4f} bar {ev.threshold:.2%} "
-              f"{'APPROVED' if ev.approved else 'rejected'} ({rows[-1]['seconds']:.0f}s) "
-              f"{'; '.join(rows[-1]['measurement'])}")  # fmt: skip
-    sd = statistics.median(r["log_sd"] for r in rows)
-    n = rows[0]["n"]
-    summary = {
-        "deployment": dep.name, "comparisons": len(rows), "approved": sum(r["approved"] for r in rows),
-        "no_verdict_measurement": sum(bool(r["measurement"]) for r in rows),
-        "lower_bound_over_bar": sum(r["lower_bound"] > 1 + r["threshold"] for r in rows),
-        "stock_within_sd": math.sqrt(noise.get("within_var", math.nan)),
-        "sigma": noise["sigma"], "bar": rows[0]["threshold"], "unit": rows[0]["unit"], "n": n,
-        "median_gain": statistics.median(r["gain"] for r in rows),
-        "max_lower_bound": max(r["lower_bound"] for r in rows),
-        "median_seconds_to_verdict": statistics.median(r["seconds"] for r in rows),
-        "median_unit_log_sd": sd, "power_at_3pct": power(1.03, rows[0]["threshold"], sd, n),
-        "power_at_5pct": power(1.05, rows[0]["threshold"], sd, n),
-        "cpu": os.cpu_count(), "load_average": os.getloadavg(), "rows": rows,
-    }  # fmt: skip
+              f"{'APPROVED' if ev.approved else 'rejected'} ({rows[-1]['seconds']:.0f}s, {rows[-1]['blocks']} blocks) "
+              f"{'; '.join(r for r in ev.reasons if not r.startswith('lower bound'))}", flush=True)  # fmt: skip
+        noise = records.get_state(db, dep.name, "noise")
+        summary = {
+            "deployment": dep.name, "kind": f"calibrated {args.gain:.0%}" if args.gain else "A/A",
+            "comparisons": len(rows), "approved": sum(r["approved"] for r in rows),
+            "median_gain": statistics.median(r["gain"] for r in rows),
+            "max_lower_bound": max(r["lower_bound"] for r in rows),
+            "median_seconds_to_verdict": statistics.median(r["seconds"] for r in rows),
+            "median_blocks": statistics.median(r["blocks"] or 0 for r in rows),
+            "pooled_block_sd": noise["pooled_sd"], "aa_runs": len(noise["runs"]),
+            "cpu": os.cpu_count(), "load_average": os.getloadavg(), "rows": rows,
+        }  # fmt: skip
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "rows"}, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

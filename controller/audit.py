@@ -16,8 +16,9 @@ from typing import Any
 from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.memory_store import connect, records
 
+from .adapters import adapter_for
 from .context import digest, draw_requests, slots_of, systems_cache, workspace_repo
-from .engine import Request, SystemFailed, adapter_for
+from .engine import Request, SystemFailed
 from .forcing import AuditResult, ScoredOutput, audit
 from .paired import run_period
 from .slots import lease

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from specpilot.deployments import Deployment, Home
-
 from .confine import Launch
 from .slots import Slot
 
@@ -292,18 +290,3 @@ class JsonLinesSystem:
 
     def pids(self) -> list[int]:
         return self.p.pids()
-
-
-def adapter_for(dep: Deployment, home: Home) -> EngineAdapter:
-    """The adapter that starts the deployment's systems: refspec's JSON lines, or SGLang servers."""
-    if dep.engine == "refspec":
-        from .refspec_system import RefspecAdapter
-
-        return RefspecAdapter(dep, home)
-    if dep.engine == "sglang":
-        from .sglang import SglangAdapter
-
-        return SglangAdapter(dep, home)
-    from specpilot.deployments import SpecPilotError
-
-    raise SpecPilotError(f"deployment {dep.name!r}: engine {dep.engine!r} has no adapter in this version")

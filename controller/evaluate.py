@@ -24,6 +24,7 @@ from specpilot.memory_store import connect, records
 from specpilot.memory_store.gittree import write_tree
 
 from . import checks
+from .adapters import adapter_for
 from .audit import audit_json, audit_outputs, contexts
 from .context import (
     digest,
@@ -34,7 +35,7 @@ from .context import (
     tuning_requests,
     workspace_repo,
 )
-from .engine import Request, SystemFailed, adapter_for
+from .engine import Request, SystemFailed
 from .paired import PairedRun, paired_run
 from .slots import lease
 from .stats import MIN_LOOK, decide, look_levels, paired_stats, pooled_sd, sigma_for
@@ -259,7 +260,7 @@ def compare(
                       float(noise["sigma"]), 0.0, fatal, evidence)  # fmt: skip
     verdict, res = _look(run, quiet, state.get("k_max", max(MIN_LOOK, len(quiet))), sd, c, True, fatal)
     audit_summary: dict[str, Any] | None = None
-    if audit_output and verdict.approved:
+    if audit_output and (verdict.approved or changed):  # approved on speed, or its output differs: score it
         progress("token-forcing audit")
         result = audit_outputs(dep, home, db, reqs, run.outputs["B"], run.outputs["A"])
         audit_summary = audit_json(result, contexts(dep, home, result, run.outputs["B"]))

@@ -21,8 +21,9 @@ from specpilot.deployments.knobs import set_knob
 from specpilot.deployments.stock.wheel import LAUNCH_FILE
 from specpilot.memory_store import connect, records
 
+from .adapters import adapter_for
 from .context import draw_requests, judge_digest, slots_of, systems_cache, workspace_repo
-from .engine import SystemFailed, adapter_for
+from .engine import SystemFailed
 from .evaluate import Progress, measure_noise
 from .forcing import audit, calibrate_delta
 from .paired import run_period

@@ -22,8 +22,6 @@ from pathlib import Path
 
 from specpilot.deployments import Home, SpecPilotError
 
-from .devices import DeviceSpec
-
 COPY_BYTES = 128 * 2**20  # per buffer: far beyond any last-level cache of one core's share
 MATMUL_N = 1024
 PROBE_TIMEOUT_S = 120
@@ -79,8 +77,9 @@ def _cache_file(home: Home) -> Path:
     return home.cache / "costmodel" / "cpu-probe.json"
 
 
-def cpu_spec(home: Home, core: int, dtype: str, *, refresh: bool = False) -> DeviceSpec:
-    """The probed peaks of this machine's CPU model for `dtype`, measured once and cached."""
+def cpu_peaks(home: Home, core: int, dtype: str, *, refresh: bool = False) -> dict:
+    """The probed peaks of this machine's CPU model for `dtype` (flops, bandwidth, core, model,
+    cache), measured once and cached; devices.py makes the DeviceSpec of them."""
     model = cpu_model()
     path = _cache_file(home)
     cache = json.loads(path.read_text()) if path.is_file() else {}
@@ -91,15 +90,7 @@ def cpu_spec(home: Home, core: int, dtype: str, *, refresh: bool = False) -> Dev
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
         os.replace(tmp, path)  # never a half-written cache
-    got = cache[key]
-    return DeviceSpec(
-        name=f"{model} (1 core)",
-        flops={dtype: got["flops"]},
-        bandwidth=got["bandwidth"],
-        measured_bandwidth=got["bandwidth"],
-        source="probe",
-        notes={"probed_on_core": str(got.get("core", core)), "cache": str(path)},
-    )
+    return cache[key] | {"model": model, "cache": str(path), "core": cache[key].get("core", core)}
 
 
 def run_probe(core: int, dtype: str) -> dict:

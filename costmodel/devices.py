@@ -75,7 +75,15 @@ def device_spec(dep: Deployment, home: Home, *, refresh: bool = False) -> Device
     """The peaks for the deployment's device kind; a CPU is probed on its first slot (cached)."""
     if dep.devices.kind in GPU_SPECS:
         return GPU_SPECS[dep.devices.kind]
-    from .cpu_probe import cpu_spec  # a probe subprocess: only when a CPU deployment asks
+    from .cpu_probe import cpu_peaks  # a probe subprocess: only when a CPU deployment asks
 
     core = int(dep.devices.slots[0].split(":")[1])
-    return cpu_spec(home, core=core, dtype=dep.target.dtype, refresh=refresh)
+    got = cpu_peaks(home, core=core, dtype=dep.target.dtype, refresh=refresh)
+    return DeviceSpec(
+        name=f"{got['model']} (1 core)",
+        flops={dep.target.dtype: got["flops"]},
+        bandwidth=got["bandwidth"],
+        measured_bandwidth=got["bandwidth"],
+        source="probe",
+        notes={"probed_on_core": str(got["core"]), "cache": got["cache"]},
+    )

@@ -8,7 +8,7 @@ from specpilot.agents.memory_backend import MemoryMaster, MemorySubAgent
 from specpilot.deployments import Home, SpecPilotError
 
 if TYPE_CHECKING:
-    from .round import Round
+    from .roundview import RoundView
 
 AGENTS = ("memory", "claude")
 
@@ -31,14 +31,14 @@ def agent_options(name: str, home: Home, **overrides: Any) -> dict[str, Any]:
         raise SpecPilotError(f"unknown agent {name!r}; use one of {', '.join(AGENTS)}")
     from specpilot.agents import claude
 
+    claude.api_key()  # first: without a key nothing else matters
     for why in (claude.sdk_missing(), claude.sandbox_missing()):
         if why:
             raise SpecPilotError(why)
-    claude.api_key()
     return claude.load_options(home.root, **overrides).model_dump()
 
 
-def make_agents(name: str, rnd: Round):
+def make_agents(name: str, rnd: RoundView):
     """(master, sub-agent) of backend `name` for this round."""
     if name == "memory":
         return MemoryMaster(), memory_subagent(rnd)
@@ -47,7 +47,7 @@ def make_agents(name: str, rnd: Round):
     raise SpecPilotError(f"unknown agent {name!r}; use one of {', '.join(AGENTS)}")
 
 
-def memory_subagent(rnd: Round) -> MemorySubAgent:
+def memory_subagent(rnd: RoundView) -> MemorySubAgent:
     """Applies `entry` / `knob` directions exactly: each entry's delta with its missing requirements."""
     have = set(rnd.state["baseline"]["entries"])
     deltas = {}
@@ -61,16 +61,16 @@ def memory_subagent(rnd: Round) -> MemorySubAgent:
     return MemorySubAgent(deltas)
 
 
-def claude_agents(rnd: Round):
+def claude_agents(rnd: RoundView):
     """The claude master (read-only over the current system) and sub-agents (one worktree each);
     transcripts go to `<home>/transcripts/<deployment>/round-<n>/`."""
     from specpilot.agents import claude
     from specpilot.controller import protected_paths
 
+    claude.api_key()  # first: without a key nothing else matters
     for why in (claude.sdk_missing(), claude.sandbox_missing()):
         if why:
-            raise SpecPilotError(why)
-    claude.api_key()  # a resumed round stops here, resumable, rather than fail every direction
+            raise SpecPilotError(why)  # a resumed round stops here, resumable, rather than fail every direction
     options = claude.ClaudeOptions.model_validate(rnd.state.get("agent_options") or {})
     folder = rnd.home.transcripts / rnd.dep.name / f"round-{rnd.number}"
     protected = protected_paths(rnd.dep)

@@ -55,7 +55,7 @@ def phase0(ctx: typer.Context, deployment: str = DEPLOYMENT, blocks: int | None 
         t.add_row(
             "AR mismatch rate", f"{a['rate']:.2%} ({a['mismatches']}/{a['positions']}), ≥2δ: {a['large']}"
         )
-        t.add_row("stock noise σ", f"{n['sigma']:.2%} ({n['unit']}, n = {n['n']}; A/A gain {n['gain']:.4f})")
+        t.add_row("stock noise σ", f"{n['sigma']:.2%} ({n['design']} design, {n['n']} blocks, pooled block sd {n['pooled_sd']:.2%}; A/A gain {n['gain']:.4f})")
         con.print(t)
 
     emit(c, figures, render)
@@ -73,7 +73,7 @@ def noise(ctx: typer.Context, deployment: str = DEPLOYMENT, blocks: int | None =
 
     def render(con: Console) -> None:
         con.print(
-            f"stock noise σ = [bold]{figures['sigma']:.2%}[/] ({figures['unit']}, n = {figures['n']}); "
+            f"stock noise σ = [bold]{figures['sigma']:.2%}[/] ({figures['design']} design, {figures['n']} blocks; pooled block sd {figures['pooled_sd']:.2%}); "
             f"A/A gain {figures['gain']:.4f}, lower bound {figures['lower_bound']:.4f}; "
             f"per-block {', '.join(f'{g:.3f}' for g in figures['block_gains'])}"
         )

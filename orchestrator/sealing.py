@@ -29,7 +29,7 @@ from specpilot.memory_store import (
 from specpilot.memory_store.systems import list_systems
 
 if TYPE_CHECKING:
-    from .round import Round
+    from .roundview import RoundView
     from .workspace import Workspace
 
 
@@ -128,7 +128,7 @@ def merge_patches(
     return commit, applied, dropped
 
 
-def combine(rnd: Round) -> dict[str, Any]:
+def combine(rnd: RoundView) -> dict[str, Any]:
     """The approved patches on the current system: one as is; several merged (three-way), the merge
     judged against the best single patch and kept only when it beats it; every patch left out is
     named with its reason."""
@@ -167,7 +167,7 @@ def combine(rnd: Round) -> dict[str, Any]:
     return single(best, dropped | {i: why for i in applied if i != best})
 
 
-def seal(rnd: Round) -> dict[str, Any]:
+def seal(rnd: RoundView) -> dict[str, Any]:
     """Seal the new system as stock + entries, seal-check it, and make it the current system."""
     st, dep, memory = rnd.state, rnd.dep, rnd.memory
     comb, base = st["combination"], st["baseline"]
@@ -204,7 +204,7 @@ def seal(rnd: Round) -> dict[str, Any]:
             "new_entries": new_entries, "seal_check": [r.as_dict() for r in results]}  # fmt: skip
 
 
-def _store_round_entry(rnd: Round, name: str, requires: list[str], dirs: list[dict], comb: dict) -> None:
+def _store_round_entry(rnd: RoundView, name: str, requires: list[str], dirs: list[dict], comb: dict) -> None:
     evals = rnd.state["evaluations"]
     variants, evidence, factors = [], [], set()
     for d, i in zip(dirs, comb["applied"], strict=True):

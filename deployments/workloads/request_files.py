@@ -52,20 +52,21 @@ def sample_prompts(workload: Workload, home: Home) -> list[Prompt]:
 
 def request_file(dep: Deployment, home: Home) -> Path:
     """The deployment's request file under `<cache>/requests/`, built on first use."""
-    return _build(dep, dep.workload, home, sample_prompts(dep.workload, home))
+    template = load_chat_template(target_folder(dep, home))  # first: a missing template is the error to name
+    return _build(dep, dep.workload, home, sample_prompts(dep.workload, home), template)
 
 
 def pool_file(dep: Deployment, home: Home) -> Path:
     """Every prompt of the deployment's sets, rendered like its requests: what the controller draws
     judged requests from (a pool far larger than a period uses)."""
     w = dep.workload
+    template = load_chat_template(target_folder(dep, home))
     everything = [p for name in w.sets for p in load_prompts(name, home)]
     pool = w.model_copy(update={"sets": {name: len(load_prompts(name, home)) for name in w.sets}})
-    return _build(dep, pool, home, everything, kind="pool")
+    return _build(dep, pool, home, everything, template, kind="pool")
 
 
-def _build(dep: Deployment, w: Workload, home: Home, prompts: list[Prompt], kind: str = "") -> Path:
-    template = load_chat_template(target_folder(dep, home))
+def _build(dep: Deployment, w: Workload, home: Home, prompts: list[Prompt], template, kind: str = "") -> Path:
     key = hashlib.sha256(
         json.dumps(
             {

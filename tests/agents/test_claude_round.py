@@ -30,6 +30,10 @@ def test_default_agent_and_options(tmp_path, monkeypatch):
         agent_options("claude", world_home(tmp_path))
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
     assert default_agent() == "claude"
+    from specpilot.agents import claude
+
+    if claude.sdk_missing() or claude.sandbox_missing():
+        pytest.skip(claude.sdk_missing() or claude.sandbox_missing())
     home = world_home(tmp_path)
     (home.root / "claude.toml").write_text('model = "claude-sonnet-4-5"\nmax_turns = 40\nbudget_usd = 3.0\n')
     opts = agent_options("claude", home, max_turns=12, budget_usd=None)  # the round's option wins

@@ -48,7 +48,7 @@ def fake_logprob(ctx: list[int], token: int) -> float:
 
 
 def spec_text(name: str, *, model: str = "fake/target", sets: str = "{ mine = 4 }", max_new_tokens: int = 32,
-              blocks: int = 2, slots: str = '["cpu:0", "cpu:1"]', block_size: int = 4) -> str:  # fmt: skip
+              blocks: int = 3, slots: str = '["cpu:0", "cpu:1"]', block_size: int = 4) -> str:  # fmt: skip
     """A deployment of the sglang engine on CPU slots, its stock the fake's pin."""
     return f"""\
 name = "{name}"
@@ -86,6 +86,8 @@ max_new_tokens = {max_new_tokens}
 
 [controller]
 blocks = {blocks}
+budget_s = 60
+max_blocks = 6
 warmup_requests = 1
 """
 

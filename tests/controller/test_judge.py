@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def _tiny_spec(home: Home, name: str = TINY, slots: str = '"cpu:0", "cpu:1"') ->
     text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 3 }")
     text = text.replace("max_new_tokens = 64", "max_new_tokens = 40")
     text = text.replace('slots = ["cpu:0", "cpu:1"]', f"slots = [{slots}]")
-    text = text.replace("blocks = 4", "blocks = 3\nbudget_s = 75\nmax_blocks = 6")
+    text = re.sub(r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$", "blocks = 3\nbudget_s = 75\nmax_blocks = 6", text)
     home.deployments.mkdir(parents=True, exist_ok=True)
     (home.deployments / f"{name}.toml").write_text(text)
 
@@ -207,8 +208,8 @@ def test_changed_controller_refuses_to_judge(judged):
 
 def test_other_load_on_a_slot_disturbs_the_turn(judged, tmp_path):
     """A busy loop pinned to one slot's core while both systems serve: that slot is flagged, the other not."""
+    from specpilot.controller.adapters import adapter_for
     from specpilot.controller.context import slots_of, systems_cache, tuning_requests, workspace_repo
-    from specpilot.controller.engine import adapter_for
     from specpilot.controller.paired import run_period
     from specpilot.controller.systems import checkout
 

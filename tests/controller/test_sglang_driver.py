@@ -35,7 +35,7 @@ def adapter(tmp_path: Path) -> SglangAdapter:
 
 
 def _started(adapter: SglangAdapter, tree: Path, log: Path):
-    system = adapter.start(tree, SLOT, log)
+    system = adapter.start(tree.name, tree, SLOT, log)
     try:
         system.wait_ready(timeout_s=30)
     except BaseException:
@@ -115,7 +115,8 @@ def test_hang_mid_stream_is_a_failed_run(adapter, tmp_path):
 
 
 def test_failed_launches_are_failed_runs_with_the_log(adapter, tmp_path):
-    dead = adapter.start(make_fake_tree(tmp_path / "dead", exit_on_start=1), SLOT, tmp_path / "dead.log")
+    dead_tree = make_fake_tree(tmp_path / "dead", exit_on_start=1)
+    dead = adapter.start("dead", dead_tree, SLOT, tmp_path / "dead.log")
     try:
         with pytest.raises(SystemFailed, match="server exited with code 1 while loading") as e:
             dead.wait_ready(timeout_s=30)
@@ -125,7 +126,7 @@ def test_failed_launches_are_failed_runs_with_the_log(adapter, tmp_path):
 
     tree = make_fake_tree(tmp_path / "typo")
     (tree / LAUNCH_FILE).write_text((tree / LAUNCH_FILE).read_text() + "no-such-flag = 1\n")
-    typo = adapter.start(tree, SLOT, tmp_path / "typo.log")
+    typo = adapter.start("typo", tree, SLOT, tmp_path / "typo.log")
     try:
         with pytest.raises(SystemFailed, match="exited with code 2 while loading") as e:
             typo.wait_ready(timeout_s=30)
@@ -133,9 +134,7 @@ def test_failed_launches_are_failed_runs_with_the_log(adapter, tmp_path):
         typo.stop()
     assert "unrecognized arguments: --no-such-flag 1" in e.value.log_tail
 
-    stuck = adapter.start(
-        make_fake_tree(tmp_path / "stuck", never_healthy=True), SLOT, tmp_path / "stuck.log"
-    )
+    stuck = adapter.start("stuck", make_fake_tree(tmp_path / "stuck", never_healthy=True), SLOT, tmp_path / "stuck.log")
     t0 = time.perf_counter()
     try:
         with pytest.raises(SystemFailed, match="server not healthy within 2s while loading"):
@@ -157,7 +156,7 @@ def test_a_broken_launch_file_fails_the_system_not_the_controller(adapter, tmp_p
     tree = make_fake_tree(tmp_path / "tree")
     (tree / LAUNCH_FILE).write_text((tree / LAUNCH_FILE).read_text() + extra)
     with pytest.raises(SystemFailed, match=message):
-        adapter.start(tree, SLOT, tmp_path / "x.log")
+        adapter.start("x", tree, SLOT, tmp_path / "x.log")
 
 
 def test_bad_engine_flags_are_refused_before_anything_runs(tmp_path):

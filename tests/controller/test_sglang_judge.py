@@ -54,7 +54,7 @@ def judged(tmp_path_factory):
         (home.root / "datasets" / "mine.jsonl").write_text(
             "".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
         )
-        write_spec(home, NAME, model=str(tokenizer_folder), sets="{ mine = 4 }", max_new_tokens=32, blocks=2)
+        write_spec(home, NAME, model=str(tokenizer_folder), sets="{ mine = 4 }", max_new_tokens=32, blocks=3)
         dep = load_deployment(NAME, home)
         ws, _ = Workspace.init(home, dep)
         figures = controller.run_phase0(dep, home)
@@ -134,7 +134,7 @@ def test_crashing_candidate_is_a_failed_run_verdict(judged):
     ev = controller.compare(dep, home, "stock", _candidate(ws, "crash", _behaviour(crash_after_chunks=2)))
     assert not ev.approved
     assert len(ev.reasons) == 1 and ev.reasons[0].startswith(
-        "a system failed during the paired run: system exited with code 3 while serving request mine-"
+        "a system failed during the paired run: system exited with code 3 while serving request r0"
     )
     assert "fake-sglang: flags" in ev.evidence["log_tail"]
 
@@ -155,7 +155,7 @@ def test_the_gpu_smoke_script_runs_its_steps(tmp_path):
         "".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
     )
     # Block 2 keeps the fake's speedup under the controller's 3x "implausibly large" guard.
-    write_spec(home, "smoke", model=str(tokenizer_folder), sets="{ mine = 3 }", max_new_tokens=24, blocks=1,
+    write_spec(home, "smoke", model=str(tokenizer_folder), sets="{ mine = 3 }", max_new_tokens=24, blocks=3,
                block_size=2)  # fmt: skip
     # The fake stock, materialized where the CLI's memory store looks for the spec's pinned wheel.
     make_fake_tree(cache / "stock" / "sglang" / "sglang-0.0.0-fake", step_ms=20, load_s=0.1)
@@ -163,7 +163,7 @@ def test_the_gpu_smoke_script_runs_its_steps(tmp_path):
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # fmt: skip
     script = Path(__file__).resolve().parents[2] / "bench" / "sglang_smoke.sh"
     proc = subprocess.run(
-        ["bash", str(script), "smoke", "1"], env=env, capture_output=True, text=True, timeout=600
+        ["bash", str(script), "smoke", "3"], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = subprocess.run([str(Path(sys.executable).parent / "specpilot"), "--json", "report"], env=env,

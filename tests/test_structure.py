@@ -1,0 +1,86 @@
+"""The package's import graph has no cycle (typing-only imports count: a cycle there is one a
+refactor turns real), and nothing imports upwards across the layers of docs/ARCHITECTURE.md."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ["deployments", "kernels", "costmodel", "memory_store", "controller", "agents", "orchestrator", "prompts"]
+# What each package may import (docs/ARCHITECTURE.md, "Layout and layering").
+ALLOWED = {
+    "deployments": set(),
+    "kernels": set(),
+    "prompts": set(),
+    "costmodel": {"deployments", "kernels"},
+    "memory_store": {"deployments"},
+    "controller": {"deployments", "costmodel", "memory_store"},
+    "agents": {"deployments", "costmodel", "memory_store", "controller", "prompts"},
+    "orchestrator": set(PACKAGES),
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for f in (REPO / pkg).rglob("*.py"):
+            rel = f.relative_to(REPO)
+            if rel.parts[:2] == ("deployments", "stock") and "refspec" in rel.parts:
+                continue  # the stock engine tree is data, not the package
+            name = "specpilot." + ".".join(rel.with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = f
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, f in mods.items():
+        is_pkg = f.name == "__init__.py"
+        for node in ast.walk(ast.parse(f.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                base = node.module or ""
+                if node.level:
+                    parts = m.split(".")[: len(m.split(".")) - node.level + (1 if is_pkg else 0)]
+                    base = ".".join(parts + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for t in targets:
+                if t in mods and t != m and not m.startswith(t + "."):
+                    edges[m].add(t)
+    return edges
+
+
+def test_no_import_cycles():
+    edges = graph()
+    faces = {m for m, f in modules().items() if f.name == "__init__.py"}  # re-exporting faces
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(edges[m] - faces):
+            if state.get(t) == 1:
+                cycles.append(path[path.index(t) :] + [t])
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_package_imports_upwards():
+    wrong = []
+    for m, targets in graph().items():
+        pkg = m.split(".")[1]
+        for t in targets:
+            other = t.split(".")[1]
+            if other != pkg and other not in ALLOWED[pkg]:
+                wrong.append(f"{m} imports {t}")
+    assert not wrong, wrong
