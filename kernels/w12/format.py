@@ -15,10 +15,20 @@ Records: the matrix is cut into 128 x 64 tiles (rows x columns, zero-padded at t
 so a record is "8 KB view then 4 KB low bits", and each 4 KB chunk is one [128, 32] uint8 tile the
 GEMM loads with one wide, contiguous access.
 
-Escapes: the view bytes with (v & 0x7F) == 0 (off = 0 and m >> 4 = 0, either sign; 32 of the 4096
-codes) are reserved: they decode to exactly zero. Every weight that is outside its channel's
-window, zero (either sign), denormal, inf or NaN, or in-window with a reserved code is stored as
-v = 0, l = 0 in the record and listed in its channel's escape list (column, exact bf16 bits).
+Zeros and escapes: the view bytes with (v & 0x7F) == 0 (off = 0 and m >> 4 = 0, either sign; 32
+of the 4096 codes) are reserved: they decode to a zero of the view byte's sign, so +0 and -0 are
+stored in the record as v = s << 7, l = 0 and cost no more than any weight. Every other weight that
+is outside its channel's window, denormal, inf or NaN, or in-window with a reserved code is stored
+as v = 0, l = 0 in the record and listed in its channel's escape list (column, exact bf16 bits).
+
+Raw rows: a channel whose escapes would cost more than its 16 raw bits per weight (12 + 32 per
+escape against 16 per weight: more than one escape in 8) is not coded at all: its bf16 bits are
+stored as they are (raw_bits) and its index in raw_rows. The records, exps and escape lists then
+hold the remaining, coded channels in order. If tile padding makes even that larger than storing
+rows raw and than 16.5 bits per weight (a small or oddly shaped matrix), the rows cheapest coded
+stay coded and the rest go raw, whichever total is least. So no bf16 matrix costs more than
+max(16.5, 16 + 16 / K + 32 / (N K)) bits per weight: 16.5 from K = 64 (N >= 2). The GEMM
+multiplies raw rows in fp32 beside the coded ones.
 
 NaN/inf rule: they are escapes like any other outlier, restored bit for bit (payload and sign
 kept); the GEMM multiplies them with IEEE semantics, exactly as a bf16 GEMM would.
@@ -26,11 +36,17 @@ kept); the GEMM multiplies them with IEEE semantics, exactly as a bf16 GEMM woul
 GEMM scaling: the kernels rebuild an in-window weight with the fixed exponent 112 + off, i.e.
 w * 2^(127 - E_n), and multiply channel n's fp32 sum by 2^(E_n - 127) afterwards; scaling by a
 power of two is exact, so this is the same sum of the same products.
+
+GEMM range (a documented bound, tested in tests/kernels/test_w12_gemm.py): the fp32 sums hold
+sum_i w_i x_i 2^(127 - E_n) before that scaling, so channel n's output is finite whenever
+sum_i |w_i x_i| over its in-window weights is below 2^(E_n + 1) (1 - K 2^-23), where a bf16 GEMM's
+limit is 2^128. For ordinary weights (E_n near 120) that is about 2^121 = 2.6e36: only activations
+beyond ~1e34 reach it. Escapes and raw rows are summed unscaled.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -57,6 +73,9 @@ class W12Tensor:
     esc_ptr:  int32 [N + 1]  channel n's escapes are esc_col/esc_bits[esc_ptr[n]:esc_ptr[n + 1]]
     esc_col:  int16 [E] (int32 when K > 32767), column of each escape, ascending within a channel
     esc_bits: int16 [E]      the escaped weight's exact bf16 bits
+    raw_rows: int16 [R] (int32 when N > 32767), ascending: the channels stored raw
+    raw_bits: int16 [R, K]   their exact bf16 bits
+    records, exps and esc_ptr cover the N - R coded channels, in ascending order.
     """
 
     shape: tuple[int, int]
@@ -65,6 +84,17 @@ class W12Tensor:
     esc_ptr: torch.Tensor
     esc_col: torch.Tensor
     esc_bits: torch.Tensor
+    raw_rows: torch.Tensor | None = None
+    raw_bits: torch.Tensor | None = None
+    _coded_idx: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.raw_rows is None:
+            self.raw_rows = torch.zeros(0, dtype=torch.int16, device=self.records.device)
+        if self.raw_bits is None:
+            self.raw_bits = torch.zeros(0, self.shape[1], dtype=torch.int16, device=self.records.device)
+
+    PARTS = ("records", "exps", "esc_ptr", "esc_col", "esc_bits", "raw_rows", "raw_bits")
 
     @property
     def n_out(self) -> int:
@@ -82,10 +112,33 @@ class W12Tensor:
     def n_escapes(self) -> int:
         return int(self.esc_col.numel())
 
+    @property
+    def n_raw(self) -> int:
+        return int(self.raw_rows.numel())
+
+    @property
+    def n_coded(self) -> int:
+        return self.shape[0] - self.n_raw
+
+    def coded_rows(self) -> torch.Tensor:
+        """Indices (int64, ascending) of the coded channels: all rows but raw_rows. Computed once
+        per tensor (it syncs the device, so a CUDA graph must capture a tensor that has it)."""
+        if self._coded_idx is None:
+            keep = torch.ones(self.shape[0], dtype=torch.bool, device=self.device)
+            keep[self.raw_rows.long()] = False
+            self._coded_idx = keep.nonzero().squeeze(1)
+        return self._coded_idx
+
+    def coded(self) -> W12Tensor:
+        """The coded channels alone, as a tensor of shape (N - R, K) with no raw rows."""
+        if not self.n_raw:
+            return self
+        return W12Tensor((self.n_coded, self.shape[1]), self.records, self.exps, self.esc_ptr,
+                         self.esc_col, self.esc_bits)  # fmt: skip
+
     def nbytes(self) -> int:
-        """Every byte the format stores: records, per-channel exponents and the escape list."""
-        parts = (self.records, self.exps, self.esc_ptr, self.esc_col, self.esc_bits)
-        return sum(t.numel() * t.element_size() for t in parts)
+        """Every byte the format stores: records, exponents, escape lists and raw rows."""
+        return sum(t.numel() * t.element_size() for t in (getattr(self, p) for p in self.PARTS))
 
     def bits_per_weight(self) -> float:
         return 8.0 * self.nbytes() / (self.shape[0] * self.shape[1])
@@ -101,25 +154,29 @@ class W12Tensor:
             "bits_per_weight": self.bits_per_weight(),
             "escape_rate": self.escape_rate(),
             "escapes": self.n_escapes,
+            "raw_rows": self.n_raw,
             "record_bytes": self.records.numel(),
             "side_bytes": self.nbytes() - self.records.numel(),
         }
 
     def to(self, device: torch.device | str) -> W12Tensor:
-        move = lambda t: t.to(device)
-        return W12Tensor(
-            self.shape,
-            move(self.records),
-            move(self.exps),
-            move(self.esc_ptr),
-            move(self.esc_col),
-            move(self.esc_bits),
-        )
+        return W12Tensor(self.shape, *(getattr(self, p).to(device) for p in self.PARTS))
 
     def check(self) -> None:
         """Raise W12FormatError if the parts do not fit together."""
-        n, k = self.shape
+        n_all, k = self.shape
+        r = self.n_raw
+        n = n_all - r
         nt, kt = -(-n // TILE_N), -(-k // TILE_K)
+        if self.raw_rows.dtype not in (torch.int16, torch.int32) or self.raw_bits.dtype != torch.int16:
+            raise W12FormatError("W12 raw_rows must be int16/int32 and raw_bits int16; re-encode the weight")
+        if tuple(self.raw_bits.shape) != (r, k) or r > n_all:
+            raise W12FormatError(
+                f"W12 raw_bits is {tuple(self.raw_bits.shape)}, expected ({r}, {k}); re-encode the weight"
+            )
+        rows = self.raw_rows.long()
+        if r and (int(rows.min()) < 0 or int(rows.max()) >= n_all or bool((rows[1:] <= rows[:-1]).any())):
+            raise W12FormatError("W12 raw_rows must be ascending rows of the matrix; re-encode the weight")
         want = {
             "records": ((nt, kt, RECORD_BYTES), torch.uint8),
             "exps": ((n,), torch.uint8),

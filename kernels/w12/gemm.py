@@ -120,6 +120,12 @@ def w12_matmul(
         raise W12FormatError(f"x has {x.shape[-1]} features, the W12 weight expects {t.k_in}")
     if x.dtype != torch.bfloat16:
         raise W12FormatError(f"the W12 GEMM takes bf16 activations, got {x.dtype}")
+    if bias is not None and (bias.shape != (t.n_out,) or bias.device != x.device):
+        raise W12FormatError(
+            f"bias must be [{t.n_out}] on {x.device}, got {tuple(bias.shape)} on {bias.device}"
+        )
+    if t.n_raw:
+        return _with_raw_rows(x, t, qpass, config, use_asm, out_dtype, bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, t.k_in)
     if x2.stride(-1) != 1:
@@ -138,8 +144,6 @@ def w12_matmul(
     grid = (-(-n // cfg.block_n), split, -(-m // bm))
     # split partials, then the escape sum (written by split 0)
     part = torch.empty(split + 1 if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
-    if bias is not None and (bias.shape != (n,) or bias.device != x.device):
-        raise W12FormatError(f"bias must be [{n}] on {x.device}, got {tuple(bias.shape)} on {bias.device}")
     args = (t.exps, t.esc_ptr, t.esc_col, t.esc_bits, t.exps if bias is None else bias)
     gk.w12_gemm_kernel[grid](
         t.records, x2, out, part, *args,
@@ -169,7 +173,24 @@ def w12_matmul(
     return out.reshape(*lead, n)
 
 
+def _with_raw_rows(x, t: W12Tensor, qpass, config, use_asm, out_dtype, bias) -> torch.Tensor:
+    """A matrix with raw rows (format.py): the coded rows through the W12 kernel, the raw rows as an
+    fp32-accumulated product of their exact bf16 weights (also in the Q pass), each rounded once."""
+    dtype = out_dtype or x.dtype
+    coded, raw = t.coded_rows(), t.raw_rows.long()
+    out = torch.empty(*x.shape[:-1], t.n_out, dtype=dtype, device=x.device)
+    if t.n_coded:
+        b = None if bias is None else bias[coded]
+        out[..., coded] = w12_matmul(x, t.coded(), qpass=qpass, config=config, use_asm=use_asm,
+                                     out_dtype=dtype, bias=b)  # fmt: skip
+    y = x.float() @ t.raw_bits.view(torch.bfloat16).float().t()
+    if bias is not None:
+        y += bias[raw].float()
+    out[..., raw] = y.to(dtype)
+    return out
+
+
 def record_bytes_read(t: W12Tensor, qpass: bool = False) -> int:
-    """Bytes of W12 weight one GEMM call streams (records; the view only for the Q pass)."""
+    """Bytes of W12 weight one GEMM call streams (records, the view only for the Q pass; raw rows)."""
     per = (2 if qpass else 3) * TILE_N * TILE_K // 2
-    return t.records.shape[0] * t.records.shape[1] * per
+    return t.records.shape[0] * t.records.shape[1] * per + t.raw_bits.numel() * 2

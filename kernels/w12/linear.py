@@ -20,7 +20,7 @@ GEMM_MAX_ROWS = 64  # the W12 GEMM's tile; more rows decode the weight and use c
 
 
 class W12Linear(nn.Module):
-    """y = x W^T + b with W stored in W12 (12 bits per weight plus escapes)."""
+    """y = x W^T + b with W stored in W12 (12 bits per weight plus escapes; raw rows at 16)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, check: bool = True):
         super().__init__()
@@ -34,11 +34,12 @@ class W12Linear(nn.Module):
             verify(t, weight.detach())
         self.shape = t.shape
         self.in_features, self.out_features = t.k_in, t.n_out
-        for name in ("records", "exps", "esc_ptr", "esc_col", "esc_bits"):
+        for name in W12Tensor.PARTS:
             self.register_buffer(name, getattr(t, name))
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.qpass = False
         self._dense: dict[tuple[torch.device, bool], torch.Tensor] = {}
+        self._w12: W12Tensor | None = None
 
     @classmethod
     def from_linear(cls, lin: nn.Linear, check: bool = True) -> W12Linear:
@@ -46,7 +47,13 @@ class W12Linear(nn.Module):
 
     @property
     def w12(self) -> W12Tensor:
-        return W12Tensor(self.shape, self.records, self.exps, self.esc_ptr, self.esc_col, self.esc_bits)
+        """The weight as a W12Tensor (one object per device, so its coded-row index is built once)."""
+        t = self._w12
+        if t is None or t.records is not self.records:
+            t = self._w12 = W12Tensor(self.shape, *(getattr(self, p) for p in W12Tensor.PARTS))
+            if t.n_raw:
+                t.coded_rows()
+        return t
 
     def dense(self) -> torch.Tensor:
         """The bf16 weight (exact; the Q pass's weights when qpass). Cached off CUDA only."""
@@ -59,7 +66,7 @@ class W12Linear(nn.Module):
         return w
 
     def _apply(self, fn, recurse=True):
-        self._dense = {}  # a device or dtype move invalidates the decoded copy
+        self._dense, self._w12 = {}, None  # a device or dtype move invalidates the decoded copy
         return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,8 @@ if torch.cuda.is_available():
 
 from specpilot.kernels.w12 import (  # noqa: E402
     GemmConfig,
+    W12Linear,
+    W12Tensor,
     convert_model,
     decode,
     default_config,
@@ -111,9 +113,28 @@ def test_qpass_on_gpu_matches_its_reference():
 def test_cuda_codec_equals_cpu_codec_and_round_trips():
     w = _weights(640, 1000)
     tg, tc = encode(w), encode(w.cpu())
-    for name in ("records", "exps", "esc_ptr", "esc_col", "esc_bits"):
+    w[7, :200] = 3e30  # a raw row
+    tg, tc = encode(w), encode(w.cpu())
+    assert tc.raw_rows.tolist() == [7]
+    for name in W12Tensor.PARTS:
         assert torch.equal(getattr(tg, name).cpu(), getattr(tc, name)), name
     verify(tg, w)
+
+
+def test_raw_rows_in_a_cuda_graph():
+    w = _weights(1024, 1024)
+    w[3, :300] = float("inf")
+    w[900, :300] = 3e30
+    lin = W12Linear(w)
+    assert lin.w12.raw_rows.tolist() == [3, 900]
+    x = torch.randn(4, 1024, device=DEV).to(torch.bfloat16)
+    want = lin(x).clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = lin(x)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
 
 
 def test_dropin_on_gpu_runs_the_w12_gemm():

@@ -89,7 +89,7 @@ if INTERPRETED:
         head = CertifiedHead(W, backend="triton")
         b = head._triton.buffers(1)
         head._triton.launch(h[None].contiguous(), b)
-        assert int(b.flag[0]) == UNSURE
+        assert int(b.out[1, 0]) == UNSURE  # row 1 of out: the flags
         assert int(head.argmax(h[None]).argmax[0]) == 400 == int(exact_argmax(W, h[None])[0])
         # More survivors than slots: flagged, then rescored from the full upper bounds.
         # Rows that differ by less than their quantization error: hundreds of survivors.
@@ -98,7 +98,7 @@ if INTERPRETED:
         head = CertifiedHead(W, backend="triton", cap=16)
         b = head._triton.buffers(2)
         head._triton.launch(h, b)
-        assert OVERFLOW in b.flag.tolist()
+        assert OVERFLOW in b.out[1].tolist()
         res = head.argmax(h)
         assert torch.equal(res.argmax, exact_argmax(W, h))
         assert bool((res.n_survivors > 16).any())
@@ -109,6 +109,14 @@ if INTERPRETED:
         h[1, 0] = float("inf")
         with pytest.raises(ValueError, match="inf or NaN"):
             head.argmax(h)
+
+    def test_finite_hidden_whose_norm_overflows_float32_is_exact():
+        gen = _gen(9)
+        W = torch.randn(400, 64, generator=gen)
+        h = torch.randn(3, 64, generator=gen).clamp(-3, 3) * 1e38  # finite; ||h|| beyond float32
+        h[1] = torch.randn(64, generator=gen)  # an ordinary row beside them
+        head = CertifiedHead(W, backend="triton")
+        assert torch.equal(head.argmax(h).argmax, exact_argmax(W, h))
 
     def test_real_smollm2_hidden_states():
         W, hidden = smollm2_head_and_hidden()

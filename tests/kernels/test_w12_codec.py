@@ -50,16 +50,17 @@ def test_roundtrip_is_bit_exact_on_many_distributions(shape):
 
 
 def test_escapes_hold_exactly_the_weights_outside_the_window():
-    w = with_specials(trained_like(64, 256))
+    w = with_specials(trained_like(128, 256))
     t = encode(w)
     bits = w.view(torch.int16).to(torch.int32) & 0xFFFF
     e = (bits >> 7) & 0xFF
     top = t.exps.to(torch.int32)[:, None]
     off = e - (top - 15)
     reserved = (off == 0) & (((bits >> 4) & 7) == 0)
-    outside = (e == 0) | (e == 255) | (off < 0) | (off > 15) | reserved
-    assert t.n_escapes == int(outside.sum())
-    rows = torch.repeat_interleave(torch.arange(64), (t.esc_ptr[1:] - t.esc_ptr[:-1]).long())
+    zero = (bits & 0x7FFF) == 0  # +0 and -0 are the reserved code of their sign, not escapes
+    outside = ((e == 0) | (e == 255) | (off < 0) | (off > 15) | reserved) & ~zero
+    assert t.n_raw == 0 and t.n_escapes == int(outside.sum())
+    rows = torch.repeat_interleave(torch.arange(128), (t.esc_ptr[1:] - t.esc_ptr[:-1]).long())
     assert torch.equal(outside.nonzero()[:, 0], rows)
     assert torch.equal(outside.nonzero()[:, 1], t.esc_col.long())
 
@@ -83,13 +84,63 @@ def test_window_leaves_fewest_outside_and_ties_take_the_smallest_top():
     assert int(choose_window(row([0, 255, 0]))[0]) == 16
 
 
+def _raw(t) -> torch.Tensor:
+    mask = torch.zeros(t.shape[0], dtype=torch.bool)
+    mask[t.raw_rows.long()] = True
+    return mask
+
+
+def test_zeros_cost_nothing_extra_and_signed_zeros_come_back():
+    z = torch.zeros(256, 256, dtype=torch.bfloat16)
+    z[::2] = -0.0
+    t = _roundtrip(z)
+    assert (
+        t.n_escapes == 0 and t.n_raw == 0 and t.bits_per_weight() <= 12 + 40 / 256 + 1e-3
+    )  # + exps, esc_ptr
+    w = trained_like(256, 512)
+    w[torch.rand(256, 512, generator=torch.Generator().manual_seed(3)) < 0.3] = 0.0
+    assert _roundtrip(w).bits_per_weight() < 12.1  # 30% zeros (21.7 bits when zeros escaped)
+
+
+def test_a_row_escaping_more_than_one_weight_in_eight_is_stored_raw():
+    k = 512
+    w = trained_like(256, k)
+    # row 5: 65 weights far outside its window (> k / 8 escapes); row 9: 60 (coded stays cheaper)
+    w[5, :65] = 3e30
+    w[9, :60] = 3e30
+    t = _roundtrip(w)
+    assert _raw(t).nonzero().squeeze(1).tolist() == [5]
+    assert t.n_coded == 255 and t.exps.shape == (255,)
+    q = decode(t, qpass=True)
+    assert torch.equal(q[5].view(torch.int16), w[5].view(torch.int16))  # raw rows stay exact
+
+
+@pytest.mark.parametrize(
+    "shape", [(256, 64), (128, 512), (300, 700), (129, 4096), (2, 64), (1000, 96), (5, 3000)]
+)
+def test_no_matrix_costs_more_than_raw_bf16(shape):
+    """The worst case over every distribution (random bits, all NaN, all denormal, exponents over
+    all binades): max(16.5, 16 + 16 / K + 32 / (N K)) bits per weight: 16.5 from K = 64."""
+    n, k = shape
+    for name, w in _dists(n, k).items():
+        t = _roundtrip(w)
+        assert t.nbytes() * 8 <= max(16.5 * n * k, n * (16 * k + 16) + 32), (name, t.stats())
+        assert t.bits_per_weight() <= 16.5, (name, t.stats())
+
+
+def test_trained_weights_keep_every_row_coded():
+    for n, k in ((576, 576), (192, 576), (1536, 576), (576, 1536), (256, 5120)):
+        t = encode(trained_like(n, k, seed=n + k))
+        assert t.n_raw == 0, (n, k)
+
+
 def test_qpass_decode_sets_the_discarded_mantissa_bits_to_the_midpoint():
-    w = trained_like(32, 128)
+    w = trained_like(128, 128)
     t = encode(w)
     q = decode(t, qpass=True).view(torch.int16).to(torch.int32) & 0xFFFF
     src = w.view(torch.int16).to(torch.int32) & 0xFFFF
-    rows = torch.repeat_interleave(torch.arange(32), (t.esc_ptr[1:] - t.esc_ptr[:-1]).long())
-    escaped = torch.zeros(32, 128, dtype=torch.bool)
+    rows = torch.repeat_interleave(torch.arange(128), (t.esc_ptr[1:] - t.esc_ptr[:-1]).long())
+    escaped = torch.zeros(128, 128, dtype=torch.bool)
     escaped[rows, t.esc_col.long()] = True
     assert torch.equal(q[escaped], src[escaped])  # escapes stay exact
     assert torch.equal(q[~escaped], (src[~escaped] & ~0xF) | 8)
@@ -117,11 +168,22 @@ def test_malformed_parts_are_rejected_with_a_clear_error():
         t.check()
     with pytest.raises(W12FormatError, match="bfloat16"):
         encode(torch.zeros(4, 4))
+    w = trained_like(128, 64)
+    w[3] = float("nan")
+    t = encode(w)
+    assert t.raw_rows.tolist() == [3]
+    t.raw_rows = torch.tensor([128], dtype=torch.int16)
+    with pytest.raises(W12FormatError, match="raw_rows"):
+        t.check()
+    t = encode(w)
+    t.raw_bits = t.raw_bits[:, :5]
+    with pytest.raises(W12FormatError, match="raw_bits"):
+        t.check()
 
 
 def test_wide_matrices_use_int32_columns():
-    w = trained_like(2, 40000)
-    w[1, 39999] = 0.0
+    w = trained_like(128, 40000)
+    w[1, 39999] = float("inf")
     t = _roundtrip(w)
     assert t.esc_col.dtype == torch.int32 and int(t.esc_col.max()) == 39999
 

@@ -29,16 +29,16 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def case():
-    """A matrix with ragged edges (N, K not tile multiples) and every kind of finite escape."""
+    """A matrix with ragged edges (N, K not tile multiples), zeros and every kind of finite escape."""
     torch.manual_seed(0)
-    w = trained_like(200, 200, seed=3)
+    w = trained_like(230, 250, seed=3)
     w[0, :5] = 0.0
     w[1, 7] = -0.0
     w[2, 9] = 1e-39  # denormal
     w[3, 11] = 40.0  # far above the window
     w[4, 13] = -2e-12  # far below
     t = encode(w)
-    assert t.n_escapes >= 9
+    assert t.n_escapes >= 3 and t.n_raw == 0
     return w, t
 
 
@@ -118,6 +118,44 @@ def test_bias_is_added_before_the_single_rounding(case):
     ref = exact_matmul_fp64(x, w) + b.double()
     for cfg in (GemmConfig(128, 1), GemmConfig(64, 2)):
         assert _rel(w12_matmul(x, t, config=cfg, bias=b, out_dtype=torch.float32), ref) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")  # numpy, inside the interpreter
+def test_outputs_are_finite_within_the_documented_range():
+    """format.py's bound: finite wherever sum |w x| < 2^(E_n + 1) (1 - K 2^-23). Weights near 1e-9
+    and activations near 1e37 put rows on both sides of it."""
+    g = torch.Generator().manual_seed(8)
+    w = (trained_like(128, 256, seed=8).float() * 1e-7).bfloat16()
+    x = (torch.randn(4, 256, generator=g).clamp(-3, 3) * torch.logspace(35, 38, 4)[:, None]).bfloat16()
+    w = torch.where(w.abs() < 2e-9, 2e-9, w)  # the tail in every row's window: no escapes
+    t = encode(w)
+    assert t.n_escapes == 0 and t.n_raw == 0
+    y = w12_matmul(x, t, config=GemmConfig(64, 2), out_dtype=torch.float32)
+    s = x.double().abs() @ w.double().abs().t()  # [M, N]
+    limit = torch.exp2(t.exps.double() + 1) * (1 - 256 * 2.0**-23)
+    inside = s < limit[None, :]
+    assert bool(inside.any()) and not bool(inside.all())
+    assert bool(torch.isfinite(y[inside]).all())
+    ref = exact_matmul_fp64(x, w)
+    assert bool(((y.double() - ref).abs() <= 1e-5 * s)[inside].all())
+
+
+def test_raw_rows_are_multiplied_beside_the_coded_ones():
+    w = trained_like(256, 200, seed=4)
+    w[5, :40] = 3e30  # 40 of 200 weights outside the window: the row is stored raw
+    w[77] = float("nan")
+    t = encode(w)
+    assert t.raw_rows.tolist() == [5, 77]
+    x = torch.randn(3, 200).bfloat16()
+    b = torch.randn(256).bfloat16()
+    ref = exact_matmul_fp64(x, w) + b.double()
+    y = w12_matmul(x, t, config=GemmConfig(64, 2), bias=b, out_dtype=torch.float32)
+    assert torch.isnan(y[:, 77]).all() and not torch.isnan(y[:, :77]).any()
+    fin = torch.isfinite(ref)
+    assert _rel(y[fin], ref[fin]) < 1e-5
+    y0 = w12_matmul(x, t, out_dtype=torch.float32)
+    q = w12_matmul(x, t, qpass=True, out_dtype=torch.float32)  # raw rows stay exact in the Q pass
+    assert torch.equal(q[:, 5], y0[:, 5]) and not torch.equal(q[:, :5], y0[:, :5])
 
 
 @pytest.mark.parametrize("cfg", [GemmConfig(64, 2, rpi=2), GemmConfig(128, 2, rpi=2, xa=True)])

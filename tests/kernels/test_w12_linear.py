@@ -17,9 +17,9 @@ from .w12_data import trained_like
 class TinyMLP(nn.Module):
     def __init__(self):
         super().__init__()
-        self.up = nn.Linear(96, 160, bias=True)
-        self.down = nn.Linear(160, 96, bias=False)
-        self.lm_head = nn.Linear(96, 50, bias=False)
+        self.up = nn.Linear(128, 256, bias=True)  # tile-sized: every row coded
+        self.down = nn.Linear(256, 128, bias=False)
+        self.lm_head = nn.Linear(128, 50, bias=False)
 
     def forward(self, x):
         return self.lm_head(self.down(torch.relu(self.up(x))))
@@ -29,14 +29,14 @@ def _tiny() -> TinyMLP:
     torch.manual_seed(0)
     m = TinyMLP()
     with torch.no_grad():
-        m.up.weight.copy_(trained_like(160, 96, seed=1).float())
-        m.down.weight.copy_(trained_like(96, 160, seed=2).float())
+        m.up.weight.copy_(trained_like(256, 128, seed=1).float())
+        m.down.weight.copy_(trained_like(128, 256, seed=2).float())
     return m.to(torch.bfloat16)
 
 
 def test_converted_model_gives_the_same_bits_on_cpu():
     model = _tiny()
-    x = torch.randn(7, 96).bfloat16()
+    x = torch.randn(7, 128).bfloat16()
     want = model(x)
     stats = convert_model(model)
     assert set(stats) == {"up", "down"}  # lm_head skipped by default
@@ -50,7 +50,7 @@ def test_converted_model_gives_the_same_bits_on_cpu():
 def test_qpass_switch_changes_outputs_and_back():
     model = _tiny()
     convert_model(model)
-    x = torch.randn(3, 96).bfloat16()
+    x = torch.randn(3, 128).bfloat16()
     exact = model(x).detach()
     set_qpass(model, True)
     q = model(x).detach()
