@@ -210,7 +210,9 @@ class TritonHead:
     def _resolve_row(self, x: torch.Tensor, b: Buffers, m: int, flag: int) -> tuple[int, int]:
         if flag == NONFINITE:
             if not bool(torch.isfinite(x[m]).all()):
-                raise ValueError(f"hidden row {m} contains inf or NaN; the certified head needs finite inputs")
+                raise ValueError(
+                    f"hidden row {m} contains inf or NaN; the certified head needs finite inputs"
+                )
             # A finite row whose fp32 norm or bounds overflow prunes nothing: every row is a
             # candidate, scored in float64 (whose range holds any product of fp32 values).
             rows = torch.arange(self.head.weight.shape[0], device=self.head.weight.device)
