@@ -62,7 +62,9 @@ def main() -> None:
         if f"cand/{name}" not in heads:
             wt = ws.add_worktree(name, "stock")
             gen = wt / "refspec" / "generate.py"
-            gen.write_text(gen.read_text().replace(STEP, f"        __import__('time').sleep({delay:.6f})\n" + STEP, 1))
+            gen.write_text(
+                gen.read_text().replace(STEP, f"        __import__('time').sleep({delay:.6f})\n" + STEP, 1)
+            )
             ws.commit_worktree(wt, f"stock slowed by {args.gain:.0%} of a step")
         baseline, candidate = f"cand/{name}", "stock"
     else:

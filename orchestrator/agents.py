@@ -70,7 +70,9 @@ def claude_agents(rnd: RoundView):
     claude.api_key()  # first: without a key nothing else matters
     for why in (claude.sdk_missing(), claude.sandbox_missing()):
         if why:
-            raise SpecPilotError(why)  # a resumed round stops here, resumable, rather than fail every direction
+            raise SpecPilotError(
+                why
+            )  # a resumed round stops here, resumable, rather than fail every direction
     options = claude.ClaudeOptions.model_validate(rnd.state.get("agent_options") or {})
     folder = rnd.home.transcripts / rnd.dep.name / f"round-{rnd.number}"
     protected = protected_paths(rnd.dep)

@@ -55,7 +55,10 @@ def phase0(ctx: typer.Context, deployment: str = DEPLOYMENT, blocks: int | None 
         t.add_row(
             "AR mismatch rate", f"{a['rate']:.2%} ({a['mismatches']}/{a['positions']}), ≥2δ: {a['large']}"
         )
-        t.add_row("stock noise σ", f"{n['sigma']:.2%} ({n['design']} design, {n['n']} blocks, pooled block sd {n['pooled_sd']:.2%}; A/A gain {n['gain']:.4f})")
+        t.add_row(
+            "stock noise σ",
+            f"{n['sigma']:.2%} ({n['design']} design, {n['n']} blocks, pooled block sd {n['pooled_sd']:.2%}; A/A gain {n['gain']:.4f})",
+        )
         con.print(t)
 
     emit(c, figures, render)

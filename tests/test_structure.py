@@ -7,7 +7,16 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ["deployments", "kernels", "costmodel", "memory_store", "controller", "agents", "orchestrator", "prompts"]
+PACKAGES = [
+    "deployments",
+    "kernels",
+    "costmodel",
+    "memory_store",
+    "controller",
+    "agents",
+    "orchestrator",
+    "prompts",
+]
 # What each package may import (docs/ARCHITECTURE.md, "Layout and layering").
 ALLOWED = {
     "deployments": set(),

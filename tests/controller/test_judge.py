@@ -34,7 +34,11 @@ def _tiny_spec(home: Home, name: str = TINY, slots: str = '"cpu:0", "cpu:1"') ->
     text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 3 }")
     text = text.replace("max_new_tokens = 64", "max_new_tokens = 40")
     text = text.replace('slots = ["cpu:0", "cpu:1"]', f"slots = [{slots}]")
-    text = re.sub(r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$", "blocks = 3\nbudget_s = 75\nmax_blocks = 6", text)
+    text = re.sub(
+        r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$",
+        "blocks = 3\nbudget_s = 75\nmax_blocks = 6",
+        text,
+    )
     home.deployments.mkdir(parents=True, exist_ok=True)
     (home.deployments / f"{name}.toml").write_text(text)
 

@@ -33,7 +33,11 @@ def _spec(home: Path) -> None:
     text = text.replace('name = "smollm-cpu"', f'name = "{NAME}"')
     text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 4 }")
     text = text.replace("max_new_tokens = 64", "max_new_tokens = 48")
-    text = re.sub(r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$", "blocks = 3\nbudget_s = 60\nmax_blocks = 5", text)
+    text = re.sub(
+        r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$",
+        "blocks = 3\nbudget_s = 60\nmax_blocks = 5",
+        text,
+    )
     (home / "deployments").mkdir(parents=True, exist_ok=True)
     (home / "deployments" / f"{NAME}.toml").write_text(text)
 
