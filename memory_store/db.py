@@ -9,6 +9,7 @@ locked past SPECPILOT_DB_TIMEOUT seconds (default 30) or cannot be reached is on
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -88,6 +89,7 @@ class Database:
                 raise
 
     def close(self) -> None:
+        """Close the pooled connections (the engine is shared per process and reconnects on use)."""
         self.engine.dispose()
 
     def __enter__(self) -> Database:
@@ -151,10 +153,18 @@ def _pg_engine(url: URL) -> Engine:
     return engine
 
 
+_ENGINES: dict[tuple[int, str, float], Engine] = {}
+atexit.register(lambda: [e.dispose() for e in _ENGINES.values()])
+
+
 def connect(home: Home, url: str | None = None) -> Database:
     """Open the home's database (or `url`) with its schema at the newest revision."""
     parsed = database_url(url or home.db_url)
-    engine = _sqlite_engine(parsed) if parsed.get_backend_name() == "sqlite" else _pg_engine(parsed)
+    key = (os.getpid(), parsed.render_as_string(hide_password=False), lock_timeout())
+    engine = _ENGINES.get(key)
+    if engine is None:  # one engine (and pool) per database per process, not one per call
+        engine = _sqlite_engine(parsed) if parsed.get_backend_name() == "sqlite" else _pg_engine(parsed)
+        _ENGINES[key] = engine
     db = Database(engine)
     try:
         _migrate(db)
