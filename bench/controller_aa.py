@@ -81,7 +81,7 @@ def main() -> None:
         rows.append({"gain": ev.gain, "lower_bound": ev.lower_bound, "approved": ev.approved,
                      "threshold": ev.threshold, "sigma": ev.sigma, "seconds": time.monotonic() - t,
                      "blocks": ev.evidence.get("n"), "set_aside": ev.evidence.get("set_aside"),
-                     "verdict": ev.verdict_id, "reasons": ev.reasons})  # fmt: skip
+                     "verdict": ev.id, "reasons": ev.reasons})  # fmt: skip
         print(f"{i + 1:3d}: gain {ev.gain:.4f} lower bound {ev.lower_bound:.4f} bar {ev.threshold:.2%} "
               f"{'APPROVED' if ev.approved else 'rejected'} ({rows[-1]['seconds']:.0f}s, {rows[-1]['blocks']} blocks) "
               f"{'; '.join(r for r in ev.reasons if not r.startswith('lower bound'))}", flush=True)  # fmt: skip

@@ -256,7 +256,7 @@ def main() -> None:
         ev = controller.compare(dep, home, "stock", f"cand/hostile-{name}")
         rows.append({"candidate": name, "tries": what, "approved": ev.approved, "gain": ev.gain,
                      "lower_bound": ev.lower_bound, "changes_output": ev.changes_output, "reasons": ev.reasons,
-                     "blocks": ev.evidence.get("n"), "seconds": time.monotonic() - t, "verdict": ev.verdict_id})  # fmt: skip
+                     "blocks": ev.evidence.get("n"), "seconds": time.monotonic() - t, "verdict": ev.id})  # fmt: skip
         print(f"{name:28s} {'APPROVED' if ev.approved else 'rejected'} gain {ev.gain:.3f} "
               f"({rows[-1]['seconds']:.0f}s): {'; '.join(ev.reasons)[:300]}", flush=True)  # fmt: skip
         if args.json:

@@ -14,9 +14,9 @@ disturbed gets no verdict.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from specpilot.deployments import Deployment, Home, SpecPilotError
@@ -45,32 +45,15 @@ Progress = Callable[[str], None]
 MAX_DISTURBED = 0.25  # share of blocks that may be set aside for other load before a run gets no verdict
 
 
-@dataclass
-class Evaluation:
-    """A stored verdict, as the round loop and reports use it."""
-
-    verdict_id: str
-    run_id: str | None
-    deployment: str
-    baseline_tree: str
-    candidate_tree: str
-    approved: bool
-    changes_output: bool
-    gain: float
-    lower_bound: float
-    sigma: float
-    threshold: float
-    unit: str
-    reasons: list[str]
-    evidence: dict[str, Any] = field(default_factory=dict)
+# A verdict as the controller returns it is the record it stored: one type, memory_store's.
+Evaluation = records.VerdictRecord
 
 
 def _store(db, dep: Deployment, run_id: str | None, base: str, cand: str, approved: bool, changed: bool,
            gain: float, lb: float, sigma: float, threshold: float, reasons: list[str], evidence: dict) -> Evaluation:  # fmt: skip
-    vid = records.add_verdict(db, dep.name, run_id, base, cand, approved, changed, gain, lb, sigma, threshold,
-                              "blocks", reasons, evidence)  # fmt: skip
-    return Evaluation(vid, run_id, dep.name, base, cand, approved, changed, gain, lb, sigma, threshold, "blocks",
-                      reasons, evidence)  # fmt: skip
+    return records.add_verdict(db, deployment=dep.name, run_id=run_id, baseline_tree=base, candidate_tree=cand,
+                               approved=approved, changes_output=changed, gain=gain, lower_bound=lb, sigma=sigma,
+                               threshold=threshold, unit="blocks", reasons=reasons, evidence=evidence)  # fmt: skip
 
 
 def noise_state(db, dep: Deployment) -> dict[str, Any]:
@@ -176,11 +159,23 @@ def _record_speed(db, dep: Deployment, tree: str, design: str, tok_s: float) -> 
 
 
 def _summarize(items: list[str]) -> str:
-    """Repeated findings once, with how often: 'X (4 times)'."""
-    counts: dict[str, int] = {}
+    """Findings of the same kind once, with how often and the range of their figures:
+    'other load on a slot: 22–88% of the turn went to something besides the system (8 times)'."""
+    groups: dict[str, list[list[float]]] = {}
     for d in items:
-        counts[d] = counts.get(d, 0) + 1
-    return "; ".join(f"{d} ({n} times)" if n > 1 else d for d, n in counts.items())
+        key = re.sub(r"\b(cpu|cuda):\d+\b", "a slot", d)
+        key = re.sub(r"\bsystem [AB]\b", "the system", key)
+        nums = [float(n) for n in re.findall(r"(\d+(?:\.\d+)?)%", key)]
+        groups.setdefault(re.sub(r"\d+(?:\.\d+)?%", "{}%", key), []).append(nums)
+    parts = []
+    for key, figs in groups.items():
+        text = key
+        for i in range(key.count("{}%")):
+            col = [f[i] for f in figs]
+            lo, hi = min(col), max(col)
+            text = text.replace("{}%", f"{lo:g}%" if lo == hi else f"{lo:g}–{hi:g}%", 1)
+        parts.append(text + (f" ({len(figs)} times)" if len(figs) > 1 else ""))
+    return "; ".join(parts)
 
 
 def compare(

@@ -128,7 +128,8 @@ def build_root(spec: dict) -> None:
     """The new root: the machine read-only, private scratch places, the binds, the hidden paths.
 
     A top-level folder others may not enter (like /root, mode 700) is replaced by an empty one
-    holding only the `expose` paths under it (the interpreter's install, say), read-only.
+    holding only the `expose` paths under it (the interpreter's install, say), read-only; so is a
+    private scratch place (an interpreter installed under /tmp stays visible, read-only).
     """
     new = spec["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -154,6 +155,10 @@ def build_root(spec: dict) -> None:
     for path in PRIVATE:
         if os.path.isdir(new + os.path.dirname(path)):
             tmpfs(new + path)
+            for keep in spec.get("expose", []):  # an interpreter installed under /tmp, say
+                if keep.startswith(path + "/") and os.path.isdir(keep):
+                    os.makedirs(new + keep, exist_ok=True)
+                    bind(keep, new + keep, ro=True)
     for path in spec.get("hide", []):
         if os.path.isdir(new + path):
             tmpfs(new + path, size="4k", mode="000")

@@ -149,6 +149,7 @@ def list_runs(db: Database, deployment: str | None = None, kind: str | None = No
 
 def add_verdict(
     db: Database,
+    *,
     deployment: str,
     run_id: str | None,
     baseline_tree: str,
@@ -162,13 +163,12 @@ def add_verdict(
     unit: str,
     reasons: list[str],
     evidence: dict[str, Any],
-) -> str:
-    """Store a verdict with its evidence; its id."""
+) -> VerdictRecord:
+    """Store a verdict with its evidence (only the controller calls this); the stored record."""
     if unit not in UNITS:
         raise ValueError(f"unit {unit!r} is not one of {UNITS}")
-    verdict_id = str(uuid.uuid4())
-    row = VerdictRow(
-        id=verdict_id,
+    rec = VerdictRecord(
+        id=str(uuid.uuid4()),
         deployment=deployment,
         run_id=run_id,
         baseline_tree=baseline_tree,
@@ -185,8 +185,8 @@ def add_verdict(
         created_at=now(),
     )
     with db.session() as s:
-        s.add(row)
-    return verdict_id
+        s.add(VerdictRow(**_fields(rec, VerdictRecord)))
+    return rec
 
 
 def get_verdict(db: Database, verdict_id: str) -> VerdictRecord:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,16 +11,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from specpilot.memory_store.records import VerdictRecord
 
-def verdict_json(v: Any) -> dict[str, Any]:
-    """A verdict (VerdictRecord or Evaluation) as plain data."""
-    keys = ("deployment", "baseline_tree", "candidate_tree", "approved", "changes_output", "gain",
-            "lower_bound", "sigma", "threshold", "unit", "reasons", "evidence")  # fmt: skip
-    data = {k: getattr(v, k) for k in keys}
-    data["id"] = getattr(v, "id", None) or getattr(v, "verdict_id", None)
-    data["run_id"] = getattr(v, "run_id", None)
-    created = getattr(v, "created_at", None)
-    data["created_at"] = created.isoformat() if created else None
+
+def verdict_json(v: VerdictRecord) -> dict[str, Any]:
+    """A verdict as plain data."""
+    data = dataclasses.asdict(v)
+    data["created_at"] = v.created_at.isoformat()
     return data
 
 

@@ -78,7 +78,7 @@ def knob_values(ws: Workspace, commit: str, memory: Memory, dep: Deployment) -> 
 
 def evaluation_json(ev: controller.Evaluation) -> dict[str, Any]:
     audit = ev.evidence.get("audit") or {}
-    return {"verdict_id": ev.verdict_id, "run_id": ev.run_id, "approved": ev.approved,
+    return {"verdict_id": ev.id, "run_id": ev.run_id, "approved": ev.approved,
             "changes_output": ev.changes_output, "gain": ev.gain, "lower_bound": ev.lower_bound,
             "sigma": ev.sigma, "threshold": ev.threshold, "unit": ev.unit, "reasons": ev.reasons,
             "audit_passed": audit.get("passed"), "candidate_tree": ev.candidate_tree}  # fmt: skip

@@ -45,3 +45,14 @@ def test_foreign_never_goes_negative():
     """The system's and controller's counters and the kernel's ticks disagree by a tick or so."""
     ld = foreign_load(CoreTimes(0.0, 0.0), CoreTimes(1.0, 0.0), own_cpu_s=0.99, wall_s=1.0, harness_s=0.2)
     assert ld["foreign_s"] == 0.0 and ld["foreign_share"] == 0.0
+
+
+def test_disturbances_are_summarised_once_per_kind_with_their_range():
+    from specpilot.controller.evaluate import _summarize
+
+    turns = [f"other load on cpu:{i % 2}: {p}% of the turn went to something besides system {'AB'[i % 2]}"
+             for i, p in enumerate((24, 35, 30, 27))]  # fmt: skip
+    assert _summarize([*turns, "GPU clocks changed during the turn"]) == (
+        "other load on a slot: 24–35% of the turn went to something besides the system (4 times); "
+        "GPU clocks changed during the turn"
+    )

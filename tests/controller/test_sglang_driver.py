@@ -134,7 +134,9 @@ def test_failed_launches_are_failed_runs_with_the_log(adapter, tmp_path):
         typo.stop()
     assert "unrecognized arguments: --no-such-flag 1" in e.value.log_tail
 
-    stuck = adapter.start("stuck", make_fake_tree(tmp_path / "stuck", never_healthy=True), SLOT, tmp_path / "stuck.log")
+    stuck = adapter.start(
+        "stuck", make_fake_tree(tmp_path / "stuck", never_healthy=True), SLOT, tmp_path / "stuck.log"
+    )
     t0 = time.perf_counter()
     try:
         with pytest.raises(SystemFailed, match="server not healthy within 2s while loading"):

@@ -37,12 +37,12 @@ def test_run_lifecycle(memory):
 def test_verdicts(memory):
     db = memory.db
     run_id = R.add_run(db, "smollm-cpu", "paired", BASE, CAND)
-    vid = R.add_verdict(
+    stored = R.add_verdict(
         db,
-        "smollm-cpu",
-        run_id,
-        BASE,
-        CAND,
+        deployment="smollm-cpu",
+        run_id=run_id,
+        baseline_tree=BASE,
+        candidate_tree=CAND,
         approved=True,
         changes_output=False,
         gain=1.052,
@@ -53,12 +53,15 @@ def test_verdicts(memory):
         reasons=["clears 1% + 2σ"],
         evidence={"blocks": 5, "audit": {"mismatch_rate": 0.007}},
     )
+    vid = stored.id
     v = R.get_verdict(db, vid)
+    assert v == stored  # the record the controller holds is the record stored
     assert (v.approved, v.changes_output, v.unit, v.reasons) == (True, False, "blocks", ["clears 1% + 2σ"])
     assert v.evidence["audit"]["mismatch_rate"] == 0.007 and v.lower_bound == pytest.approx(1.031)
     assert [x.id for x in R.list_verdicts(db, "smollm-cpu")] == [vid]
     with pytest.raises(ValueError, match="unit"):
-        R.add_verdict(db, "d", None, BASE, CAND, False, False, 1, 1, 0, 1, "seconds", [], {})
+        fields = {k: x for k, x in vars(v).items() if k not in ("id", "created_at")}
+        R.add_verdict(db, **{**fields, "unit": "seconds"})
 
 
 def test_rounds_number_and_resume_state(memory):
