@@ -10,6 +10,7 @@ entries that share requirements rebuilds each prefix once.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import tomllib
@@ -75,7 +76,7 @@ class Stacker:
             try:
                 self._git("apply", "--cached", "--whitespace=nowarn", "-", input=delta.encode(), index=index)
             except GitError as e:
-                raise SpecPilotError(f"the delta of entry {name!r} does not apply: {e.stderr}") from None
+                raise _NotApplied(name, e.stderr) from None
             new = self._git("write-tree", index=index).decode().strip()
         self._check_modes(new, name)
         return new
@@ -110,7 +111,10 @@ class Stacker:
             applied += ((e.name, e.delta),)
             key = (stock, applied)
             if key not in self._built:
-                self._built[key] = self.apply(tree, e.delta, e.name)
+                try:
+                    self._built[key] = self.apply(tree, e.delta, e.name)
+                except _NotApplied as na:
+                    raise SpecPilotError(na.describe(applied[:-1])) from None
             tree = self._built[key]
         return tree
 
@@ -179,3 +183,32 @@ class Stacker:
             os.replace(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def touched_files(delta: str) -> set[str]:
+    """The paths a unified diff changes (its `diff --git a/X b/X` headers)."""
+    return set(re.findall(r"^diff --git a/(\S+) b/", delta, re.M))
+
+
+class _NotApplied(SpecPilotError):
+    """`git apply` refused an entry's delta; `describe` names the files and the earlier entries."""
+
+    def __init__(self, name: str, stderr: str):
+        self.name, self.places = name, {}  # file -> the first line git named in it (or None)
+        for line in stderr.splitlines():
+            m = re.match(r"error: (?:patch failed: )?(.+?)(?::(\d+))?(?:: .*)?$", line)
+            if m and self.places.get(m[1]) is None:
+                self.places[m[1]] = m[2]
+        super().__init__(self.describe(()))
+
+    def describe(self, before: Sequence[tuple[str, str]]) -> str:
+        """One line: where it failed and, if earlier entries of the stack change those files, which."""
+        where = ", ".join(f"{f}:{n}" if n else f for f, n in self.places.items()) or "(git named no file)"
+        clash = [n for n, d in before if touched_files(d) & set(self.places)]
+        if clash:
+            names = ", ".join(repr(n) for n in clash)
+            return (f"the delta of entry {self.name!r} does not apply at {where} after {names}, which "
+                    f"changes the same file: entries {names} and {self.name!r} conflict; make one require "
+                    "the other and rebuild it on that tree, or change disjoint files")  # fmt: skip
+        return (f"the delta of entry {self.name!r} does not apply at {where}: the tree it lands on differs "
+                "from the one it was made against; rebuild the entry")  # fmt: skip

@@ -188,3 +188,26 @@ def test_delta_stats_count_hunk_lines_only(memory, toy_stock, tmp_path):
     )
     e = add_entry(memory, "stats", src, toy_stock)
     assert e.delta_stats() == {"files": 3, "added": 3, "removed": 2}
+
+
+def test_entries_that_truly_conflict_are_one_line_naming_both_and_the_file(memory, toy_stock, tmp_path):
+    """Two entries made against stock that change the same line: stacking them is one clear error
+    naming both entries and the file, and the memory is as it was."""
+    two = edited(tmp_path, toy_stock.path, "two", {"toy/engine.py": FAST.replace("chain[:1]", "chain[:2]")})
+    three = edited(
+        tmp_path, toy_stock.path, "three", {"toy/engine.py": FAST.replace("chain[:1]", "chain[:3]")}
+    )
+    a, b = (
+        add_entry(memory, "verify-two", two, toy_stock),
+        add_entry(memory, "verify-three", three, toy_stock),
+    )
+    before = memory.entries()
+    with Stacker() as st:
+        stock = st.stock_hash(toy_stock)
+        with pytest.raises(SpecPilotError) as err:
+            st.build(stock, [a, b])
+    msg = str(err.value)
+    assert "\n" not in msg, msg
+    assert "'verify-three' does not apply at toy/engine.py" in msg and "after 'verify-two'" in msg, msg
+    assert "conflict" in msg and "require" in msg, msg  # and how to fix it
+    assert memory.entries() == before
