@@ -49,7 +49,7 @@ def make_agents(name: str, rnd: RoundView):
 
 def memory_subagent(rnd: RoundView) -> MemorySubAgent:
     """Applies `entry` / `knob` directions exactly: each entry's delta with its missing requirements."""
-    have = set(rnd.state["baseline"]["entries"])
+    have = set(rnd.state.baseline.entries)
     deltas = {}
     for e in rnd.memory.entries(rnd.dep.engine):
         if e.name not in have:
@@ -73,7 +73,7 @@ def claude_agents(rnd: RoundView):
             raise SpecPilotError(
                 why
             )  # a resumed round stops here, resumable, rather than fail every direction
-    options = claude.ClaudeOptions.model_validate(rnd.state.get("agent_options") or {})
+    options = claude.ClaudeOptions.model_validate(rnd.state.agent_options)
     folder = rnd.home.transcripts / rnd.dep.name / f"round-{rnd.number}"
     protected = protected_paths(rnd.dep)
     master = claude.ClaudeMaster(rnd.dep, options, rnd.ws.root / "repo", folder / "master.jsonl", protected)
@@ -82,5 +82,5 @@ def claude_agents(rnd: RoundView):
         return folder / f"direction-{worktree.name.rsplit('-d', 1)[-1]}.jsonl"
 
     sub = claude.ClaudeSubAgent(rnd.dep, options, transcript_for, protected,
-                                costmodel=rnd.state.get("costmodel"), exact=memory_subagent(rnd))  # fmt: skip
+                                costmodel=rnd.state.costmodel, exact=memory_subagent(rnd))  # fmt: skip
     return master, sub

@@ -52,7 +52,7 @@ def round_(
             with Live(line, console=console, refresh_per_second=4, transient=True):
                 rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, progress, options,
                                       rounds_left=rounds - k - 1)  # fmt: skip
-                line.plain = f"round {rnd.number} of {dep.name} (agent {rnd.state.get('agent', agent)})"
+                line.plain = f"round {rnd.number} of {dep.name} (agent {rnd.state.agent})"
                 state = rnd.run()
         reports.append({"deployment": dep.name, "round": rnd.number, "status": "done",
                         "elapsed_s": time.monotonic() - t0, **state})  # fmt: skip

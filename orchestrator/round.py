@@ -24,6 +24,7 @@ from specpilot.memory_store import Memory, connect, open_memory, records
 
 from . import sealing
 from .agents import make_agents
+from .roundview import Baseline, RoundState
 from .workspace import Workspace
 
 Progress = Callable[[str, str], None]  # (step, message)
@@ -32,7 +33,7 @@ Progress = Callable[[str, str], None]  # (step, message)
 class Round:
     """A round of one deployment, its state persisted in the `rounds` table."""
 
-    def __init__(self, dep: Deployment, home: Home, number: int, state: dict[str, Any], progress: Progress):
+    def __init__(self, dep: Deployment, home: Home, number: int, state: RoundState, progress: Progress):
         self.dep, self.home, self.number, self.state = dep, home, number, state
         self.db = connect(home)
         self.progress = progress
@@ -42,13 +43,13 @@ class Round:
     # -- bookkeeping ------------------------------------------------------------------------------
 
     def save(self, status: str | None = None) -> None:
-        records.save_round(self.db, self.dep.name, self.number, self.state, status)
+        records.save_round(self.db, self.dep.name, self.number, self.state.to_json(), status)
 
     def done(self, step: str) -> bool:
-        return step in self.state.get("finished", [])
+        return step in self.state.finished
 
     def finish(self, step: str) -> None:
-        self.state.setdefault("finished", []).append(step)
+        self.state.finished.append(step)
         self.save()
 
     # -- the steps --------------------------------------------------------------------------------
@@ -63,47 +64,47 @@ class Round:
                 step()
                 self.finish(name)
         self.save("done")
-        return self.state
+        return self.state.to_json()
 
     def phase0(self) -> None:
         if records.get_state(self.db, self.dep.name, "phase0") is None:
             controller.run_phase0(self.dep, self.home, progress=lambda m: self.progress("phase0", m))
-        self.state["phase0"] = records.get_state(self.db, self.dep.name, "phase0")["delta"]
+        self.state.phase0 = records.get_state(self.db, self.dep.name, "phase0")["delta"]
 
     def costmodel(self) -> None:
-        base = self.state["baseline"]
-        key = f"costmodel:{base['tree']}"
+        base = self.state.baseline
+        key = f"costmodel:{base.tree}"
         report = records.get_state(self.db, self.dep.name, key)
         if report is None:
-            self.progress("costmodel", f"profiling and recording {base['tree'][:12]}")
-            report = controller.cost_report(self.dep, self.home, base["commit"], max_requests=4)
+            self.progress("costmodel", f"profiling and recording {base.tree[:12]}")
+            report = controller.cost_report(self.dep, self.home, base.commit, max_requests=4)
             records.set_state(self.db, self.dep.name, key, report)
-        self.state["costmodel"] = {k: report.get(k) for k in (
+        self.state.costmodel = {k: report.get(k) for k in (
             "tau", "c", "speedup", "factors", "ceiling", "largest", "rows_per_step", "budget", "tau_best",
             "best_policy", "notes")}  # fmt: skip
 
     def plan(self) -> None:
-        master, _ = make_agents(self.state["agent"], self)
+        master, _ = make_agents(self.state.agent, self)
         slots = list(self.dep.devices.slots)
         if len(slots) == 1:  # one device: two directions, implemented side by side, judged in turn on it
             slots = slots * 2
         ctx = PlanningContext(
-            deployment=self.dep.name, engine=self.dep.engine, system_tree=self.state["baseline"]["tree"],
-            system_entries=self.state["baseline"]["entries"], costmodel=self.state["costmodel"],
+            deployment=self.dep.name, engine=self.dep.engine, system_tree=self.state.baseline.tree,
+            system_entries=self.state.baseline.entries, costmodel=self.state.costmodel,
             memory=sealing.memory_summary(self.memory, self.dep), past=self.past(), slots=slots,
-            knobs=sealing.knob_values(self.ws, self.state["baseline"]["commit"], self.memory, self.dep),
-            budget={"rounds_left": self.state.get("rounds_left", 0)},
+            knobs=sealing.knob_values(self.ws, self.state.baseline.commit, self.memory, self.dep),
+            budget={"rounds_left": self.state.rounds_left},
         )  # fmt: skip
-        self.state["knobs"] = ctx.knobs
+        self.state.knobs = ctx.knobs
         try:
             directions = master.plan(ctx)
         finally:  # the master's transcript, tokens and cost, kept even when its answer is refused
             if getattr(master, "record", None):
-                self.state["master"] = master.record
+                self.state.master = master.record
                 self.save()
         if len(directions) > len(slots):
             raise AgentError(f"the master planned {len(directions)} directions for {len(slots)} slots")
-        self.state["directions"] = [
+        self.state.directions = [
             {**d.model_dump(mode="json"), "key": d.key, "slot": slots[i]} for i, d in enumerate(directions)
         ]
 
@@ -121,23 +122,23 @@ class Round:
         return out
 
     def implement(self) -> None:
-        _, sub = make_agents(self.state["agent"], self)
-        patches = self.state.setdefault("patches", {})
-        todo = [i for i in range(len(self.state["directions"])) if str(i) not in patches]
+        _, sub = make_agents(self.state.agent, self)
+        patches = self.state.patches
+        todo = [i for i in range(len(self.state.directions)) if str(i) not in patches]
         tools = controller_tools(self)
 
         def one(i: int) -> dict[str, Any]:
-            d = self.state["directions"][i]
+            d = self.state.directions[i]
             name = f"r{self.number}-d{i}"
             self.ws.remove_worktree(name)  # a leftover of a killed run is redone from scratch
-            wt = self.ws.add_worktree(name, self.state["baseline"]["commit"])
+            wt = self.ws.add_worktree(name, self.state.baseline.commit)
             direction = Direction.model_validate({k: v for k, v in d.items() if k not in ("key", "slot")})
             try:
                 patch = sub.implement(direction, wt, d["slot"], tools)
             except (AgentError, SpecPilotError) as e:  # a failed run still has a transcript and a cost
                 return {"error": str(e), **getattr(e, "record", {})}
             tree = self.ws.commit_worktree(wt, f"round {self.number}: {direction.title}")
-            if tree == self.state["baseline"]["tree"]:
+            if tree == self.state.baseline.tree:
                 return {"error": "the patch is empty"}
             return {"branch": f"cand/{name}", "tree": tree, "summary": patch.summary, "cost_usd": patch.cost_usd,
                     "transcript": str(patch.transcript) if patch.transcript else None, "usage": patch.usage}  # fmt: skip
@@ -149,31 +150,31 @@ class Round:
                 self.save()
 
     def evaluate(self) -> None:
-        evals = self.state.setdefault("evaluations", {})
-        for i, d in enumerate(self.state["directions"]):
+        evals = self.state.evaluations
+        for i, d in enumerate(self.state.directions):
             if str(i) in evals:
                 continue
-            patch = self.state["patches"][str(i)]
+            patch = self.state.patches[str(i)]
             if "error" in patch:
                 evals[str(i)] = {"approved": False, "reasons": [f"no patch: {patch['error']}"], "gain": None}
             else:
                 self.progress("evaluate", f"direction {i}: {d['title']}")
-                ev = controller.compare(self.dep, self.home, self.state["baseline"]["commit"], patch["branch"],
+                ev = controller.compare(self.dep, self.home, self.state.baseline.commit, patch["branch"],
                                         progress=lambda m, i=i: self.progress("evaluate", f"direction {i}: {m}"))  # fmt: skip
                 evals[str(i)] = sealing.evaluation_json(ev)
             self.save()
 
     def combine(self) -> None:
-        self.state["combination"] = sealing.combine(self)
+        self.state.combination = sealing.combine(self)
 
     def seal(self) -> None:
-        self.state["result"] = sealing.seal(self)
+        self.state.result = sealing.seal(self)
 
 
 def controller_tools(rnd: Round):
     from specpilot.agents.tools import LocalControllerTools
 
-    return LocalControllerTools(rnd.dep, rnd.home, rnd.state["baseline"]["commit"])
+    return LocalControllerTools(rnd.dep, rnd.home, rnd.state.baseline.commit)
 
 
 def git(repo, *args: str) -> str:
@@ -197,7 +198,7 @@ def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None,
                 f"deployment {dep.name!r} has no round {resume}; `specpilot report` lists rounds"
             )
         sealing.fail_stale_runs(dep, home, db)
-        return Round(dep, home, rec.number, dict(rec.state), progress)
+        return Round(dep, home, rec.number, RoundState.from_json(rec.state), progress)
     last = records.get_round(db, dep.name)
     if last is not None and last.status != "done":
         raise SpecPilotError(
@@ -205,12 +206,7 @@ def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None,
             f"`specpilot round --deployment {dep.name} --resume {last.number}`"
         )
     commit = git(ws.root / "repo", "rev-parse", "system")
-    base = {
-        "commit": commit,
-        "tree": ws.system_tree,
-        "entries": sealing.system_entries(db, dep, ws.system_tree),
-    }
-    state = {"agent": agent, "agent_options": agent_options or {}, "baseline": base, "finished": [],
-             "rounds_left": rounds_left}  # fmt: skip
-    rec = records.start_round(db, dep.name, state)
-    return Round(dep, home, rec.number, dict(rec.state), progress)
+    base = Baseline(commit, ws.system_tree, sealing.system_entries(db, dep, ws.system_tree))
+    state = RoundState(agent, base, agent_options=agent_options or {}, rounds_left=rounds_left)
+    rec = records.start_round(db, dep.name, state.to_json())
+    return Round(dep, home, rec.number, RoundState.from_json(rec.state), progress)

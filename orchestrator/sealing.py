@@ -132,19 +132,19 @@ def combine(rnd: RoundView) -> dict[str, Any]:
     """The approved patches on the current system: one as is; several merged (three-way), the merge
     judged against the best single patch and kept only when it beats it; every patch left out is
     named with its reason."""
-    st, base = rnd.state, rnd.state["baseline"]
-    evals = st["evaluations"]
+    st, base = rnd.state, rnd.state.baseline
+    evals = st.evaluations
     approved = sorted((i for i in evals if evals[i]["approved"]), key=lambda i: -evals[i]["gain"])
     repo = rnd.ws.root / "repo"
     if not approved:
-        return {"kind": "none", "commit": base["commit"], "tree": base["tree"], "applied": [], "dropped": {}}
+        return {"kind": "none", "commit": base.commit, "tree": base.tree, "applied": [], "dropped": {}}
 
     def single(i: str, dropped: dict[str, str]) -> dict[str, Any]:
-        commit = _git(repo, "rev-parse", st["patches"][i]["branch"]).decode().strip()
+        commit = _git(repo, "rev-parse", st.patches[i]["branch"]).decode().strip()
         return {
             "kind": "single",
             "commit": commit,
-            "tree": st["patches"][i]["tree"],
+            "tree": st.patches[i]["tree"],
             "applied": [i],
             "dropped": dropped,
         }
@@ -152,14 +152,14 @@ def combine(rnd: RoundView) -> dict[str, Any]:
     if len(approved) == 1:
         return single(approved[0], {})
     name = f"r{rnd.number}-combined"
-    commit, applied, dropped = merge_patches(rnd.ws, name, base["commit"],
-                                             [(i, st["patches"][i]["branch"]) for i in approved])  # fmt: skip
+    commit, applied, dropped = merge_patches(rnd.ws, name, base.commit,
+                                             [(i, st.patches[i]["branch"]) for i in approved])  # fmt: skip
     best = approved[0]
     if len(applied) == 1:
         return single(best, dropped)
     rnd.progress("combine", f"judging the merge of directions {applied} against direction {best} alone")
-    ev = controller.compare(rnd.dep, rnd.home, st["patches"][best]["branch"], f"cand/{name}")
-    st["combination_eval"] = evaluation_json(ev)
+    ev = controller.compare(rnd.dep, rnd.home, st.patches[best]["branch"], f"cand/{name}")
+    st.combination_eval = evaluation_json(ev)
     if ev.approved:
         tree = _git(repo, "rev-parse", f"{commit}^{{tree}}").decode().strip()
         return {"kind": "combined", "commit": commit, "tree": tree, "applied": applied, "dropped": dropped}
@@ -170,11 +170,11 @@ def combine(rnd: RoundView) -> dict[str, Any]:
 def seal(rnd: RoundView) -> dict[str, Any]:
     """Seal the new system as stock + entries, seal-check it, and make it the current system."""
     st, dep, memory = rnd.state, rnd.dep, rnd.memory
-    comb, base = st["combination"], st["baseline"]
+    comb, base = st.combination, st.baseline
     if comb["kind"] == "none":
-        return {"changed": False, "commit": base["commit"], "tree": base["tree"], "entries": base["entries"]}
-    dirs = [st["directions"][int(i)] for i in comb["applied"]]
-    entries = list(base["entries"])
+        return {"changed": False, "commit": base.commit, "tree": base.tree, "entries": base.entries}
+    dirs = [st.directions[int(i)] for i in comb["applied"]]
+    entries = list(base.entries)
     for d in dirs:
         if d.get("entry"):
             entries += [e.name for e in memory.resolve([d["entry"]]) if e.name not in entries]
@@ -196,7 +196,7 @@ def seal(rnd: RoundView) -> dict[str, Any]:
         raise SpecPilotError(f"the new system does not pass seal-check: {'; '.join(failed)}")
     for d, i in zip(dirs, comb["applied"], strict=True):
         if d.get("entry"):
-            ev = st["evaluations"][i]
+            ev = st.evaluations[i]
             memory.add_evidence(d["entry"], {"deployment": dep.name, "round": rnd.number, "gain": ev["gain"],
                                              "lower_bound": ev["lower_bound"], "verdict": ev["verdict_id"]})  # fmt: skip
     rnd.ws.set_system(comb["commit"])
@@ -205,7 +205,7 @@ def seal(rnd: RoundView) -> dict[str, Any]:
 
 
 def _store_round_entry(rnd: RoundView, name: str, requires: list[str], dirs: list[dict], comb: dict) -> None:
-    evals = rnd.state["evaluations"]
+    evals = rnd.state.evaluations
     variants, evidence, factors = [], [], set()
     for d, i in zip(dirs, comb["applied"], strict=True):
         ev = evals[i]
@@ -214,7 +214,7 @@ def _store_round_entry(rnd: RoundView, name: str, requires: list[str], dirs: lis
                 "lower_bound": ev["lower_bound"], "verdict": ev["verdict_id"], "direction": d["title"]}  # fmt: skip
         if d.get("knob"):
             k = d["knob"]
-            old = rnd.state.get("knobs", {}).get(f"{k['file']}:{k['knob']}")
+            old = rnd.state.knobs.get(f"{k['file']}:{k['knob']}")
             values = [v for v in (old, k["value"]) if v is not None]
             variants.append({"knob": k["knob"], "file": k["file"], "values": values, "default": k["value"]})
             item |= {"knob": k["knob"], "value": k["value"]}

@@ -76,19 +76,19 @@ def test_round_plans_and_implements_with_claude(tmp_path, api):
     )
     master, sub = make_agents("claude", rnd)
     assert isinstance(master, ClaudeMaster) and isinstance(sub, ClaudeSubAgent)
-    rnd.state["costmodel"] = {"tau": 2.6, "c": 1.4, "speedup": 1.8, "largest": "kernel", "notes": [],
+    rnd.state.costmodel = {"tau": 2.6, "c": 1.4, "speedup": 1.8, "largest": "kernel", "notes": [],
                               "factors": {"tree": 1.3, "kernel": 2.0, "outside": 1.0}}  # fmt: skip
     rnd.plan()
     rnd.implement()
     assert fake.served == 4 and not fake.exhausted
-    assert [d["title"] for d in rnd.state["directions"]] == [FREE["title"]]
+    assert [d["title"] for d in rnd.state.directions] == [FREE["title"]]
 
     folder = home.transcripts / dep.name / f"round-{rnd.number}"
-    m, p = rnd.state["master"], rnd.state["patches"]["0"]
+    m, p = rnd.state.master, rnd.state.patches["0"]
     assert m["transcript"] == str(folder / "master.jsonl") and m["cost_usd"] > 0
     assert p["transcript"] == str(folder / "direction-0.jsonl") and p["cost_usd"] > 0 and "error" not in p
     assert p["usage"]["output_tokens"] >= 200 and p["summary"] == "decode.block_size = 6"
-    assert rnd.state["agent_options"]["max_turns"] == 10
+    assert rnd.state.agent_options["max_turns"] == 10
     assert "block_size = 8" in toml.read_text()  # the system is untouched; the change is on its branch
     assert "+block_size = 6" in ws.repo.git.diff("system", p["branch"])
 

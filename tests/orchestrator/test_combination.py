@@ -16,6 +16,7 @@ from specpilot.deployments import Home, load_deployment
 from specpilot.memory_store import builtin_bundles, open_memory, replay
 from specpilot.orchestrator import sealing
 from specpilot.orchestrator.round import Round
+from specpilot.orchestrator.roundview import RoundState
 from specpilot.orchestrator.workspace import Workspace
 
 
@@ -68,12 +69,13 @@ def test_a_conflicting_patch_is_left_out_and_named_in_the_round(world):
     home, dep, ws, memory = world
     trees = {"0": _retune(ws, "b12", 12), "1": _retune(ws, "b6", 6)}
     state = {
+        "agent": "memory",
         "baseline": {"commit": ws.repo.commit("system").hexsha, "tree": ws.system_tree, "entries": []},
         "directions": [{"title": t, "target_factor": "tree"} for t in ("block 12", "block 6")],
         "patches": {i: {"branch": f"cand/{b}", "tree": trees[i]} for i, b in (("0", "b12"), ("1", "b6"))},
         "evaluations": {"0": {"approved": True, "gain": 1.05}, "1": {"approved": True, "gain": 1.03}},
     }
-    rnd = Round(dep, home, 1, state, lambda *_: None)
+    rnd = Round(dep, home, 1, RoundState.from_json(state), lambda *_: None)
     comb = sealing.combine(rnd)
     assert comb["kind"] == "single" and comb["applied"] == ["0"] and comb["tree"] == trees["0"]
     assert comb["dropped"] == {"1": "conflicts with direction 0 in refspec.toml"}
