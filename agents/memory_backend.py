@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from specpilot.deployments.knobs import set_knob
+from specpilot.memory_store.gittree import git_bytes, git_try
 
 from .protocol import AgentError, ControllerTools, Direction, KnobChange, Patch, PlanningContext
 
@@ -103,26 +103,18 @@ class MemoryMaster:
         return chosen
 
 
-def _git(cwd: Path, *args: str, input: str | None = None) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, input=input, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise AgentError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
-    return proc.stdout
-
-
 def _apply_delta(worktree: Path, name: str, delta: str) -> None:
     """Apply an entry's delta (made on stock) with a three-way merge onto this system's files.
 
     Hunks that touch other lines than the system's own changes merge cleanly; overlapping ones
     (two entries adding a knob at the same place) are a conflict, named file by file.
     """
-    proc = subprocess.run(["git", "apply", "--3way", "--whitespace=nowarn", "-"], cwd=worktree,
-                          input=delta, capture_output=True, text=True)  # fmt: skip
+    proc = git_try(worktree, "apply", "--3way", "--whitespace=nowarn", "-", input=delta.encode())
     if proc.returncode == 0:
         return
-    err = proc.stderr
+    err = proc.stderr.decode(errors="replace")
     for args in (["reset", "-q", "--hard"], ["clean", "-fdq"]):  # no conflict markers left behind
-        subprocess.run(["git", *args], cwd=worktree, capture_output=True)
+        git_try(worktree, *args)
     files = re.findall(r"Applied patch to '([^']+)' with conflicts", err) or re.findall(
         r"patch failed: ([^:]+):", err
     )
@@ -151,6 +143,6 @@ class MemorySubAgent:
             summary = f"set {direction.knob.knob} = {direction.knob.value!r} in {direction.knob.file}"
         else:
             raise AgentError(f"direction {direction.title!r} names neither an entry nor a knob")
-        _git(worktree, "add", "-A")
-        diff = _git(worktree, "diff", "--cached")
+        git_bytes(worktree, "add", "-A")
+        diff = git_bytes(worktree, "diff", "--cached").decode()
         return Patch(direction=direction, worktree=worktree, diff=diff, summary=summary)

@@ -8,15 +8,13 @@ export. None of them approves anything.
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from specpilot import controller
 from specpilot.deployments import Deployment, Home
-
-from .protocol import AgentError
+from specpilot.memory_store.gittree import git_bytes, git_run
 
 
 def snapshot(worktree: Path) -> str:
@@ -24,13 +22,10 @@ def snapshot(worktree: Path) -> str:
     fd, index = tempfile.mkstemp(prefix="specpilot-snap-")
     os.close(fd)
     os.unlink(index)
-    env = {**os.environ, "GIT_INDEX_FILE": index}
     try:
-        for args in (["read-tree", "HEAD"], ["add", "-A"], ["write-tree"]):
-            proc = subprocess.run(["git", *args], cwd=worktree, env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise AgentError(f"git {args[0]} failed in {worktree}: {proc.stderr.strip()}")
-        return proc.stdout.strip()
+        for args in (["read-tree", "HEAD"], ["add", "-A"]):
+            git_bytes(worktree, *args, env={"GIT_INDEX_FILE": index})
+        return git_run(worktree, "write-tree", env={"GIT_INDEX_FILE": index})
     finally:
         Path(index).unlink(missing_ok=True)
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from specpilot.deployments import SpecPilotError
-from specpilot.memory_store.gittree import CACHE_EXCLUDES, GitError, git_bytes, safe_extract, write_tree
+from specpilot.memory_store.gittree import CACHE_EXCLUDES, git_bytes, git_try, safe_extract, write_tree
 
 # Paths every engine protects, besides the deployment's own list.
 # SGLang's are its HTTP entry points and the tokenizer manager, where chunks and meta_info are made.
@@ -33,13 +32,6 @@ class CandidateRefused(Exception):
     """The candidate may not be measured (touches a protected path, does not apply...)."""
 
 
-def _git(repo: Path, *args: str) -> bytes:
-    try:
-        return git_bytes(repo, *args)
-    except GitError as e:
-        raise SpecPilotError(str(e)) from None
-
-
 @dataclass(frozen=True)
 class SystemTree:
     tree: str  # git tree hash: the system's name
@@ -48,7 +40,7 @@ class SystemTree:
 
 def tree_of(repo: Path, rev: str) -> str:
     try:
-        return _git(repo, "rev-parse", "--verify", f"{rev}^{{tree}}").decode().strip()
+        return git_bytes(repo, "rev-parse", "--verify", f"{rev}^{{tree}}").decode().strip()
     except SpecPilotError:
         raise SpecPilotError(
             f"{repo}: no revision {rev!r} (give a branch, tag, commit or tree hash)"
@@ -63,7 +55,7 @@ def checkout(repo: Path, rev: str, cache: Path) -> SystemTree:
         cache.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".export-"))
         try:
-            with tarfile.open(fileobj=io.BytesIO(_git(repo, "archive", "--format=tar", tree))) as tar:
+            with tarfile.open(fileobj=io.BytesIO(git_bytes(repo, "archive", "--format=tar", tree))) as tar:
                 safe_extract(tar, tmp)
             os.replace(tmp, path)
         finally:
@@ -72,7 +64,7 @@ def checkout(repo: Path, rev: str, cache: Path) -> SystemTree:
 
 
 def touched_paths(repo: Path, base_tree: str, cand_tree: str) -> list[str]:
-    out = _git(repo, "diff", "--name-only", "--no-renames", base_tree, cand_tree).decode()
+    out = git_bytes(repo, "diff", "--name-only", "--no-renames", base_tree, cand_tree).decode()
     return [p for p in out.splitlines() if p]
 
 
@@ -121,16 +113,14 @@ def apply_candidate(
     path = cache / cand_tree
     if path.is_dir():
         return SystemTree(cand_tree, path)
-    diff = _git(repo, "diff", "--binary", "--no-renames", baseline.tree, cand_tree)
+    diff = git_bytes(repo, "diff", "--binary", "--no-renames", baseline.tree, cand_tree)
     tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".apply-"))
     try:
         # The baseline's export may hold bytecode from earlier runs: never part of a system.
         shutil.copytree(
             baseline.path, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*CACHE_EXCLUDES)
         )
-        proc = subprocess.run(
-            ["git", "apply", "--whitespace=nowarn", "-"], cwd=tmp, input=diff, capture_output=True
-        )
+        proc = git_try(tmp, "apply", "--whitespace=nowarn", "-", input=diff)
         if proc.returncode != 0:
             raise CandidateRefused(
                 f"the candidate's diff does not apply to the baseline: {proc.stderr.decode().strip()}"

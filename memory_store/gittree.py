@@ -34,8 +34,9 @@ ISOLATED_ENV = {
 }
 
 
-class GitError(RuntimeError):
-    """A git command failed; `stderr` holds git's own words."""
+class GitError(SpecPilotError):
+    """A git command failed; `stderr` holds git's own words. The one git layer: every package runs
+    git through `git_bytes` / `git_run`."""
 
     def __init__(self, args: tuple[str, ...], repo: Path, stderr: str):
         super().__init__(f"git {' '.join(args)} failed in {repo}: {stderr}")
@@ -53,6 +54,15 @@ def git_bytes(repo: Path, *args: str, input: bytes | None = None, env: dict[str,
     if proc.returncode != 0:
         raise GitError(args, repo, proc.stderr.decode(errors="replace").strip())
     return proc.stdout
+
+
+def git_try(
+    repo: Path, *args: str, input: bytes | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a git command whose failure is an answer (a merge that conflicts, a patch that does not
+    apply, a file a commit lacks); the finished process, whatever its status."""
+    cmd = ["git", "-C", str(repo), *args]
+    return subprocess.run(cmd, input=input, capture_output=True, env={**os.environ, **(env or {})})
 
 
 def git_run(repo: Path, *args: str, input: str | None = None, env: dict[str, str] | None = None) -> str:

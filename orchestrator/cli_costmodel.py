@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
@@ -27,7 +26,7 @@ from specpilot.costmodel import (
 from specpilot.costmodel.recording import label_sets
 from specpilot.costmodel.runner import tree_digest
 from specpilot.deployments import Deployment, Home, SpecPilotError, load_deployment
-from specpilot.memory_store.gittree import safe_extract
+from specpilot.memory_store.gittree import git_bytes, safe_extract
 
 from .output import Ctx, emit
 from .workspace import SYSTEM_BRANCH, Workspace, stock_source
@@ -65,11 +64,7 @@ def system_tree(dep: Deployment, home: Home, rev: str | None) -> tuple[Path, str
     dest = home.runs / "costmodel" / "trees" / tree_hash
     if not dest.is_dir():
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tar = subprocess.run(
-            ["git", "-C", str(ws.root / "repo"), "archive", "--format=tar", tree_hash],
-            capture_output=True,
-            check=True,
-        ).stdout
+        tar = git_bytes(ws.root / "repo", "archive", "--format=tar", tree_hash)
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".export-"))
         try:
             with tarfile.open(fileobj=io.BytesIO(tar)) as tf:

@@ -12,7 +12,6 @@ killed round from the first unfinished step, so nothing finished is redone or lo
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,6 +20,7 @@ from specpilot import controller
 from specpilot.agents.protocol import AgentError, Direction, PlanningContext
 from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.memory_store import Memory, connect, open_memory, records
+from specpilot.memory_store.gittree import git_run
 
 from . import sealing
 from .agents import make_agents
@@ -177,13 +177,6 @@ def controller_tools(rnd: Round):
     return LocalControllerTools(rnd.dep, rnd.home, rnd.state.baseline.commit)
 
 
-def git(repo, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SpecPilotError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip()}")
-    return proc.stdout.strip()
-
-
 def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None, progress: Progress,
                     agent_options: dict[str, Any] | None = None, rounds_left: int = 0) -> Round:  # fmt: skip
     """A new round from the current sealed system, or round `resume` where it stopped (with the agent
@@ -205,7 +198,7 @@ def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None,
             f"round {last.number} of {dep.name!r} did not finish; continue it with "
             f"`specpilot round --deployment {dep.name} --resume {last.number}`"
         )
-    commit = git(ws.root / "repo", "rev-parse", "system")
+    commit = git_run(ws.root / "repo", "rev-parse", "system")
     base = Baseline(commit, ws.system_tree, sealing.system_entries(db, dep, ws.system_tree))
     state = RoundState(agent, base, agent_options=agent_options or {}, rounds_left=rounds_left)
     rec = records.start_round(db, dep.name, state.to_json())

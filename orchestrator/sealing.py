@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 import tempfile
 import tomllib
 from pathlib import Path
@@ -26,6 +25,7 @@ from specpilot.memory_store import (
     seal_check,
     seal_system,
 )
+from specpilot.memory_store.gittree import git_run, git_try
 from specpilot.memory_store.systems import list_systems
 
 if TYPE_CHECKING:
@@ -68,11 +68,10 @@ def knob_values(ws: Workspace, commit: str, memory: Memory, dep: Deployment) -> 
             key = f"{v.file}:{v.knob}"
             if key in values:
                 continue
-            proc = subprocess.run(["git", "-C", str(ws.root / "repo"), "show", f"{commit}:{v.file}"],
-                                  capture_output=True, text=True)  # fmt: skip
+            proc = git_try(ws.root / "repo", "show", f"{commit}:{v.file}")
             if proc.returncode == 0 and v.file.endswith(".toml"):
                 section, name = v.knob.split(".", 1)
-                values[key] = tomllib.loads(proc.stdout).get(section, {}).get(name)
+                values[key] = tomllib.loads(proc.stdout.decode()).get(section, {}).get(name)
     return values
 
 
@@ -93,13 +92,6 @@ def fail_stale_runs(dep: Deployment, home: Home, db) -> None:
                 records.fail_run(db, run.id, "interrupted: the process running it was killed")
 
 
-def _git(repo: Path, *args: str, input: bytes | None = None) -> bytes:
-    proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True)
-    if proc.returncode != 0:
-        raise SpecPilotError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.decode().strip()}")
-    return proc.stdout
-
-
 def merge_patches(
     ws: Workspace, name: str, base: str, branches: list[tuple[str, str]]
 ) -> tuple[str, list[str], dict[str, str]]:
@@ -113,18 +105,16 @@ def merge_patches(
     applied: list[str] = []
     dropped: dict[str, str] = {}
     for key, branch in branches:
-        proc = subprocess.run(["git", "-c", "user.name=specpilot", "-c", "user.email=specpilot@localhost", "merge",
-                               "--no-ff", "--no-edit", "-m", f"merge {branch}", branch],
-                              cwd=wt, capture_output=True, text=True)  # fmt: skip
+        proc = git_try(wt, "-c", "user.name=specpilot", "-c", "user.email=specpilot@localhost", "merge",
+                       "--no-ff", "--no-edit", "-m", f"merge {branch}", branch)  # fmt: skip
         if proc.returncode == 0:
             applied.append(key)
             continue
-        files = subprocess.run(["git", "diff", "--name-only", "--diff-filter=U"], cwd=wt, capture_output=True,
-                               text=True).stdout.split()  # fmt: skip
-        subprocess.run(["git", "merge", "--abort"], cwd=wt, capture_output=True)
+        files = git_try(wt, "diff", "--name-only", "--diff-filter=U").stdout.decode().split()
+        git_try(wt, "merge", "--abort")
         merged = ", ".join(f"direction {k}" for k in applied) or "the system"
         dropped[key] = f"conflicts with {merged} in {', '.join(files) or 'the tree'}"
-    commit = _git(repo, "rev-parse", f"cand/{name}").decode().strip()
+    commit = git_run(repo, "rev-parse", f"cand/{name}")
     return commit, applied, dropped
 
 
@@ -140,7 +130,7 @@ def combine(rnd: RoundView) -> dict[str, Any]:
         return {"kind": "none", "commit": base.commit, "tree": base.tree, "applied": [], "dropped": {}}
 
     def single(i: str, dropped: dict[str, str]) -> dict[str, Any]:
-        commit = _git(repo, "rev-parse", st.patches[i]["branch"]).decode().strip()
+        commit = git_run(repo, "rev-parse", st.patches[i]["branch"])
         return {
             "kind": "single",
             "commit": commit,
@@ -161,7 +151,7 @@ def combine(rnd: RoundView) -> dict[str, Any]:
     ev = controller.compare(rnd.dep, rnd.home, st.patches[best]["branch"], f"cand/{name}")
     st.combination_eval = evaluation_json(ev)
     if ev.approved:
-        tree = _git(repo, "rev-parse", f"{commit}^{{tree}}").decode().strip()
+        tree = git_run(repo, "rev-parse", f"{commit}^{{tree}}")
         return {"kind": "combined", "commit": commit, "tree": tree, "applied": applied, "dropped": dropped}
     why = f"the merge with direction {best} did not beat it alone (gain {ev.gain:.3f}, lower bound {ev.lower_bound:.3f})"
     return single(best, dropped | {i: why for i in applied if i != best})

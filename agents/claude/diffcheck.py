@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 from specpilot import controller
+from specpilot.memory_store.gittree import git_bytes
 
 from ..protocol import AgentError
 
@@ -20,10 +20,7 @@ SCRATCH = ".scratch"  # the agent's scratch folder inside its worktree; deleted 
 
 
 def _git(worktree: Path, *args: str) -> str:
-    proc = subprocess.run(["git", *args], cwd=worktree, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise AgentError(f"git {' '.join(args)} failed in {worktree}: {proc.stderr.strip()}")
-    return proc.stdout
+    return git_bytes(worktree, *args).decode()
 
 
 def collect(worktree: Path) -> str:
