@@ -23,8 +23,8 @@ from .systems import ENGINE_PROTECTED
 
 
 def workspace_repo(home: Home, dep: Deployment) -> Path:
-    repo = home.workspaces / dep.name / "repo"
-    if not (repo / ".git").is_dir():
+    repo = home.workspace_repo(dep.name)
+    if not home.has_workspace(dep.name):
         raise SpecPilotError(
             f"no workspace for {dep.name!r} under {home.workspaces}; run `specpilot workspace init --deployment {dep.name}`"
         )
@@ -32,7 +32,7 @@ def workspace_repo(home: Home, dep: Deployment) -> Path:
 
 
 def systems_cache(home: Home, dep: Deployment) -> Path:
-    return home.workspaces / dep.name / "systems"
+    return home.systems_cache(dep.name)
 
 
 def slots_of(dep: Deployment) -> tuple[Slot, ...]:

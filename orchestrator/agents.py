@@ -76,7 +76,7 @@ def claude_agents(rnd: RoundView):
     options = claude.ClaudeOptions.model_validate(rnd.state.agent_options)
     folder = rnd.home.transcripts / rnd.dep.name / f"round-{rnd.number}"
     protected = protected_paths(rnd.dep)
-    master = claude.ClaudeMaster(rnd.dep, options, rnd.ws.root / "repo", folder / "master.jsonl", protected)
+    master = claude.ClaudeMaster(rnd.dep, options, rnd.ws.repo_dir, folder / "master.jsonl", protected)
 
     def transcript_for(worktree):  # worktrees are named r<round>-d<direction>
         return folder / f"direction-{worktree.name.rsplit('-d', 1)[-1]}.jsonl"

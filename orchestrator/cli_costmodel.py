@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
 def system_tree(dep: Deployment, home: Home, rev: str | None) -> tuple[Path, str]:
     """(folder holding the system's source tree, its name): a workspace revision exported under
     the home (by git tree hash), or the pristine stock tree when there is no workspace."""
-    if not (home.workspaces / dep.name / "repo" / ".git").is_dir():
+    if not home.has_workspace(dep.name):
         if rev is not None:
             raise SpecPilotError(
                 f"--system {rev}: deployment {dep.name!r} has no workspace; run "
@@ -64,7 +64,7 @@ def system_tree(dep: Deployment, home: Home, rev: str | None) -> tuple[Path, str
     dest = home.runs / "costmodel" / "trees" / tree_hash
     if not dest.is_dir():
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tar = git_bytes(ws.root / "repo", "archive", "--format=tar", tree_hash)
+        tar = git_bytes(ws.repo_dir, "archive", "--format=tar", tree_hash)
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".export-"))
         try:
             with tarfile.open(fileobj=io.BytesIO(tar)) as tf:

@@ -64,7 +64,7 @@ def status(ctx: typer.Context) -> None:
     """Every workspace under the home: stock and system tree hashes, candidates, worktrees."""
     c: Ctx = ctx.obj
     roots = (
-        sorted(p for p in c.home.workspaces.glob("*") if (p / "repo" / ".git").is_dir())
+        sorted(p for p in c.home.workspaces.glob("*") if c.home.has_workspace(p.name))
         if c.home.workspaces.is_dir()
         else []
     )

@@ -198,7 +198,7 @@ def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None,
             f"round {last.number} of {dep.name!r} did not finish; continue it with "
             f"`specpilot round --deployment {dep.name} --resume {last.number}`"
         )
-    commit = git_run(ws.root / "repo", "rev-parse", "system")
+    commit = git_run(ws.repo_dir, "rev-parse", "system")
     base = Baseline(commit, ws.system_tree, sealing.system_entries(db, dep, ws.system_tree))
     state = RoundState(agent, base, agent_options=agent_options or {}, rounds_left=rounds_left)
     rec = records.start_round(db, dep.name, state.to_json())

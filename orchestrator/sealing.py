@@ -68,7 +68,7 @@ def knob_values(ws: Workspace, commit: str, memory: Memory, dep: Deployment) -> 
             key = f"{v.file}:{v.knob}"
             if key in values:
                 continue
-            proc = git_try(ws.root / "repo", "show", f"{commit}:{v.file}")
+            proc = git_try(ws.repo_dir, "show", f"{commit}:{v.file}")
             if proc.returncode == 0 and v.file.endswith(".toml"):
                 section, name = v.knob.split(".", 1)
                 values[key] = tomllib.loads(proc.stdout.decode()).get(section, {}).get(name)
@@ -99,7 +99,7 @@ def merge_patches(
     cand/<name>: (its commit, the keys merged, key -> why it was left out). A branch that conflicts
     with what is merged already is left out and named with its conflicting files; nothing of it
     stays in the tree."""
-    repo = ws.root / "repo"
+    repo = ws.repo_dir
     ws.remove_worktree(name)
     wt = ws.add_worktree(name, base)
     applied: list[str] = []
@@ -125,7 +125,7 @@ def combine(rnd: RoundView) -> dict[str, Any]:
     st, base = rnd.state, rnd.state.baseline
     evals = st.evaluations
     approved = sorted((i for i in evals if evals[i]["approved"]), key=lambda i: -evals[i]["gain"])
-    repo = rnd.ws.root / "repo"
+    repo = rnd.ws.repo_dir
     if not approved:
         return {"kind": "none", "commit": base.commit, "tree": base.tree, "applied": [], "dropped": {}}
 
@@ -218,7 +218,7 @@ def _store_round_entry(rnd: RoundView, name: str, requires: list[str], dirs: lis
     })  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="specpilot-round-"))
     try:
-        tree = checkout(rnd.ws.root / "repo", comb["commit"], tmp)
+        tree = checkout(rnd.ws.repo_dir, comb["commit"], tmp)
         add_entry(rnd.memory, name, tree.path, rnd.memory.stock_for(rnd.dep), requires=requires, meta=meta)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -61,8 +61,12 @@ class Workspace:
     root: Path
 
     @property
+    def repo_dir(self) -> Path:
+        return self.root / "repo"  # = Home.workspace_repo(name): root is home.workspaces / name
+
+    @property
     def repo(self) -> git.Repo:
-        return git.Repo(self.root / "repo")
+        return git.Repo(self.repo_dir)
 
     @property
     def name(self) -> str:
@@ -71,7 +75,7 @@ class Workspace:
     @classmethod
     def open(cls, home: Home, name: str) -> Workspace:
         root = home.workspaces / name
-        if not (root / "repo" / ".git").is_dir():
+        if not home.has_workspace(name):
             raise SpecPilotError(
                 f"no workspace for deployment {name!r} under {home.workspaces}; "
                 f"run `specpilot workspace init --deployment {name}`"
@@ -87,7 +91,7 @@ class Workspace:
         src = source or stock_source(dep, home)
         root = home.workspaces / dep.name
         with _locked(home.workspaces / f".{dep.name}.lock"):
-            if (root / "repo" / ".git").is_dir():
+            if home.has_workspace(dep.name):
                 ws = cls(root)
                 ws._check_stock(src)
                 return ws, False
@@ -101,7 +105,7 @@ class Workspace:
             return cls(root), True
 
     def _check_stock(self, src: Path) -> None:
-        want = write_tree(self.root / "repo", src)
+        want = write_tree(self.repo_dir, src)
         if want != self.stock_tree:
             raise SpecPilotError(
                 f"workspace {self.root} holds stock tree {self.stock_tree[:12]}, but the deployment's stock "
@@ -127,7 +131,7 @@ class Workspace:
         for line in self.repo.git.worktree("list", "--porcelain").splitlines():
             if line.startswith("worktree "):
                 p = Path(line.removeprefix("worktree "))
-                if p != self.root / "repo":
+                if p != self.repo_dir:
                     paths.append(p)
         return paths
 
