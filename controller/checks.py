@@ -6,8 +6,10 @@ Each finding is an integrity violation: the comparison gets no approval, and the
 - It worked before the timed window: it took far longer than the baseline to report ready (the
   controller sends requests only after ready, over the protocol, so work done then can only be
   work on something else than the requests — or precomputed answers).
-- It produced tokens without computing them: its CPU time per second of serving is far below the
-  baseline's on the same requests (a system that paces out answers it already has sleeps).
+- It produced tokens without computing them: on a CPU slot where the baseline computes (at least
+  half a CPU-second per second of serving), its CPU time per second of serving is far below the
+  baseline's on the same requests (a system that paces out answers it already has sleeps). On a
+  GPU the CPU time says little of the work; GPU time per token is not accounted yet.
 - The baseline ran slower than its own record (beside the candidate: the candidate slowed it, by
   design or by using a shared resource such as memory bandwidth, and the paired gain is inflated).
 """
@@ -20,7 +22,8 @@ from .paired import PairedRun
 
 CPU_SHARE_LIMIT = 1.05  # CPU seconds per wall second a one-core system may use (accounting slack)
 READY_FACTOR, READY_SLACK_S = 1.5, 5.0  # B may take this much longer than A to be ready
-WORK_FLOOR = 0.5  # B's CPU per serving second must be at least this share of A's
+WORK_FLOOR = 0.5  # B's CPU per serving second must be at least this share of A's ...
+COMPUTE_BOUND = 0.5  # ... where A computes on its CPU core (a GPU engine or a fake that sleeps does not)
 BASELINE_FLOOR = 0.85  # the baseline's median speed must be at least this share of its record
 
 
@@ -45,9 +48,10 @@ def violations(run: PairedRun) -> list[str]:
             for lb in turn.labels:
                 busy[lb] += turn.cpu_s[lb]
                 wall[lb] += turn.served_s[lb]
-        if wall["A"] > 1 and wall["B"] > 1:
+        on_cpu = all(s.kind == "cpu" for s in period.slots.values())
+        if on_cpu and wall["A"] > 1 and wall["B"] > 1:
             ua, ub = busy["A"] / wall["A"], busy["B"] / wall["B"]
-            if ub < WORK_FLOOR * ua:
+            if ua >= COMPUTE_BOUND and ub < WORK_FLOOR * ua:
                 out.append(f"system B used {ub:.2f} CPU-s per second of serving against the baseline's {ua:.2f}: "
                            "tokens without compute")  # fmt: skip
     return sorted(set(out), key=out.index)
