@@ -148,13 +148,15 @@ def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev
     records.finish_run(db, run_id, summary=figures, raw_path=str(raw))
     records.set_state(db, dep.name, "noise", figures)
     records.set_state(db, dep.name, "controller_digest", dig)
-    _record_speed(db, dep, stock.tree, run.design, checks.median_speed(run, "A"))
+    _record_speed(db, dep, stock.tree, run.design, checks.request_speeds(run, "A", draw["sources"]))
     return figures
 
 
-def _record_speed(db, dep: Deployment, tree: str, design: str, tok_s: float) -> None:
+def _record_speed(db, dep: Deployment, tree: str, design: str, by_request: dict[str, float]) -> None:
+    """Add a tree's per-request speeds (pool id -> tok/s) to its record in this design."""
     speeds = records.get_state(db, dep.name, "speeds") or {}
-    speeds[f"{tree}:{design}"] = tok_s
+    old = speeds.get(f"{tree}:{design}")
+    speeds[f"{tree}:{design}"] = (old if isinstance(old, dict) else {}) | by_request
     records.set_state(db, dep.name, "speeds", speeds)
 
 
@@ -240,7 +242,8 @@ def compare(
     fatal = [f"integrity: {v}" for v in run.violations + checks.violations(run)]
     speeds = records.get_state(db, dep.name, "speeds") or {}
     fatal += [
-        f"integrity: {v}" for v in checks.baseline_slowed(run, speeds.get(f"{baseline.tree}:{run.design}"))
+        f"integrity: {v}"
+        for v in checks.baseline_slowed(run, speeds.get(f"{baseline.tree}:{run.design}"), draw["sources"])
     ]
     set_aside = len(run.blocks) - len(quiet)
     if set_aside > max(1, MAX_DISTURBED * len(run.blocks)) or (set_aside and len(quiet) < MIN_LOOK):
@@ -275,7 +278,7 @@ def compare(
     records.finish_run(db, run_id, summary={"gain": res.gain, "lower_bound": res.lower_bound, "blocks": res.n},
                        raw_path=str(raw))  # fmt: skip
     if verdict.approved:
-        _record_speed(db, dep, candidate.tree, run.design, checks.median_speed(run, "B"))
+        _record_speed(db, dep, candidate.tree, run.design, checks.request_speeds(run, "B", draw["sources"]))
     return _store(db, dep, run_id, baseline.tree, candidate.tree, verdict.approved, bool(changed), res.gain,
                   res.lower_bound, sigma, verdict.threshold, verdict.reasons, evidence)  # fmt: skip
 

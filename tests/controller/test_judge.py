@@ -113,10 +113,10 @@ def test_sleep_slowed_candidate_is_rejected(judged):
     home, dep, ws, _ = judged
     ev = controller.compare(dep, home, "system", _sleepy(ws, "slow"))
     assert not ev.approved and ev.gain < 1.0
-    # A system that sleeps between steps produces tokens with far less CPU per second than stock:
-    # the work check names it (and stops the run at once), besides the lower bound.
-    assert any("tokens without compute" in r for r in ev.reasons), ev.reasons
     assert any("lower bound" in r for r in ev.reasons), ev.reasons
+    # Beside a slow candidate the baseline runs at its own speed: no "baseline slowed" finding (its
+    # record is per request, so a draw of quicker or slower prompts is not read as a slowdown).
+    assert not any("baseline ran" in r for r in ev.reasons), ev.reasons
 
 
 def test_fake_timing_fields_gain_nothing(judged):

@@ -56,3 +56,30 @@ def test_disturbances_are_summarised_once_per_kind_with_their_range():
         "other load on a slot: 24–35% of the turn went to something besides the system (4 times); "
         "GPU clocks changed during the turn"
     )
+
+
+def _run_with_speeds(speeds: dict[str, float]):
+    """A paired run whose baseline answered each request id at the given tokens/s."""
+    from specpilot.controller.engine import RequestResult
+    from specpilot.controller.paired import PairedRun, PeriodResult
+    from specpilot.controller.slots import Slot
+
+    res = {rid: RequestResult(rid, 0.0, 40 / v, tokens=[0] * 40) for rid, v in speeds.items()}
+    period = PeriodResult({"A": res, "B": {}}, {"A": Slot.parse("cpu:0"), "B": Slot.parse("cpu:1")}, {})
+    return PairedRun(periods=[period])
+
+
+def test_baseline_speed_is_compared_per_request_on_the_requests_both_measured():
+    from specpilot.controller.checks import baseline_slowed
+
+    sources = {"r01": "HumanEval/1", "r02": "HumanEval/2", "r03": "HumanEval/3"}
+    record = {"HumanEval/1": 20.0, "HumanEval/2": 12.0, "HumanEval/3": 30.0, "HumanEval/9": 5.0}
+    # the same requests at their recorded speeds: nothing, however different the requests are
+    assert baseline_slowed(_run_with_speeds({"r01": 20.0, "r02": 12.0, "r03": 30.0}), record, sources) == []
+    # 30% slower on each of them: named, with how many requests the ratio rests on
+    slow = baseline_slowed(_run_with_speeds({"r01": 14.0, "r02": 8.4, "r03": 21.0}), record, sources)
+    assert len(slow) == 1 and "30% slower" in slow[0] and "3 requests" in slow[0]
+    # another draw (prompts of other speeds) shares too few requests with the record: no finding
+    other = {"r01": "HumanEval/7", "r02": "HumanEval/2", "r03": "HumanEval/8"}
+    assert baseline_slowed(_run_with_speeds({"r01": 5.0, "r02": 8.0, "r03": 6.0}), record, other) == []
+    assert baseline_slowed(_run_with_speeds({"r01": 5.0}), None, sources) == []
