@@ -71,15 +71,14 @@ def _raw_choice(esc_count: torch.Tensor, k: int) -> torch.Tensor:
     raw = 16 * k + idx_bits
     go_raw = coded > raw
     s = int((~go_raw).sum())
-    pad = lambda c: (-(-c // TILE_N) * TILE_N - c) * 12 * kpad
+    pad = lambda c: (-(-c // TILE_N) * TILE_N - c) * 12 * kpad  # padding bits of c coded rows (int or tensor)
     total = int(coded[~go_raw].sum()) + pad(s) + (n - s) * raw
     if total <= max(n * raw, 16.5 * n * k):
         return go_raw
     order = torch.argsort(coded, stable=True)
     prefix = torch.cat([coded.new_zeros(1), coded[order].cumsum(0)])
     sizes = torch.arange(n + 1)
-    pads = ((-(-sizes // TILE_N)) * TILE_N - sizes) * 12 * kpad
-    totals = prefix + pads + (n - sizes) * raw
+    totals = prefix + pad(sizes) + (n - sizes) * raw
     best = int(torch.argmin(totals))  # the first minimum: the fewest coded rows at that size
     go_raw = torch.ones(n, dtype=torch.bool)
     go_raw[order[:best]] = False
