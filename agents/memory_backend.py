@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from specpilot.deployments.knobs import set_knob
-from specpilot.memory_store.gittree import git_bytes, git_try
+from specpilot.deployments import set_knob
+from specpilot.memory_store import git_bytes, git_try
 
 from .protocol import AgentError, ControllerTools, Direction, KnobChange, Patch, PlanningContext
 

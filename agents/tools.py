@@ -14,7 +14,7 @@ from typing import Any
 
 from specpilot import controller
 from specpilot.deployments import Deployment, Home
-from specpilot.memory_store.gittree import git_bytes, git_run
+from specpilot.memory_store import git_bytes, git_run
 
 
 def snapshot(worktree: Path) -> str:

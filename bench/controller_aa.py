@@ -22,7 +22,7 @@ from pathlib import Path
 from specpilot import controller
 from specpilot.deployments import Home, load_deployment
 from specpilot.memory_store import connect, records
-from specpilot.orchestrator.workspace import Workspace
+from specpilot.memory_store.workspace import Workspace
 
 STEP = '        if mode == "spec":\n            return self.step('
 
@@ -55,7 +55,7 @@ def main() -> None:
         t = time.monotonic()
         controller.run_phase0(dep, home)
         print(f"Phase 0: {time.monotonic() - t:.0f}s")
-    heads = [h.name for h in ws.repo.heads]
+    heads = ws.branches()
     if args.gain:
         name = f"slow-{round(args.gain * 1000)}"
         delay = step_seconds(dep, home) * args.gain / (1 - args.gain)

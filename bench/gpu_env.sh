@@ -18,7 +18,7 @@ export PYTHONPATH=/tmp/site:/tmp/sp
 specpilot() { python3 -c "from specpilot.orchestrator.cli import main; main()" "$@"; }
 missing=$(python3 - <<'PY'
 import importlib
-need = ["sqlalchemy", "alembic", "pydantic", "git", "gguf", "typer", "rich", "scipy", "tokenizers", "safetensors", "pynvml"]
+need = ["sqlalchemy", "alembic", "pydantic", "psutil", "gguf", "typer", "rich", "scipy", "tokenizers", "safetensors", "pynvml"]
 print(" ".join(m for m in need if importlib.util.find_spec(m) is None))
 PY
 )

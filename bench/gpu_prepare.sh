@@ -18,8 +18,8 @@ out=.gpu
 mkdir -p "$out/whl" "$out/gguf" "$out/data"
 # Versions pinned to what the CPU venv runs; typing_extensions because pydantic needs >= 4.16.
 pkgs=(SQLAlchemy==2.1.9 alembic==1.20.1 Mako==1.4.3 pydantic==2.14.4 pydantic_core==2.50.5
-      annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 GitPython==3.2.1
-      gitdb==4.0.12 smmap==5.0.3 gguf==0.19.0)
+      annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 psutil==7.2.2
+      gguf==0.19.0)
 for p in "${pkgs[@]}"; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

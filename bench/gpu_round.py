@@ -111,13 +111,13 @@ def aa(dep, home, res: dict, args, left, save) -> None:
     """Stock against a copy of stock differing by one comment (another tree hash), sequential."""
     from specpilot import controller
     from specpilot.memory_store import connect, records
-    from specpilot.orchestrator.workspace import Workspace
+    from specpilot.memory_store.workspace import Workspace
 
     ws, _ = Workspace.init(home, dep)
     db = connect(home)
     if records.get_state(db, dep.name, "phase0") is None:
         controller.run_phase0(dep, home)
-    if "cand/aa-copy" not in [h.name for h in ws.repo.heads]:
+    if "cand/aa-copy" not in ws.branches():
         wt = ws.add_worktree("aa-copy", "stock")
         gen = wt / "refspec" / "generate.py"
         gen.write_text(gen.read_text() + "\n# A/A copy: the same system under another tree hash.\n")

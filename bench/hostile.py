@@ -236,7 +236,7 @@ def main() -> None:
     from specpilot import controller
     from specpilot.deployments import Home, load_deployment
     from specpilot.memory_store import connect, records
-    from specpilot.orchestrator.workspace import Workspace
+    from specpilot.memory_store.workspace import Workspace
 
     home = Home(args.home)
     dep = load_deployment(args.deployment, home)

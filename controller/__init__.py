@@ -10,18 +10,22 @@ from .engine import Request, SystemFailed
 from .evaluate import Evaluation, compare, cost_report, measure_noise, quick_compare
 from .integrity import controller_digest
 from .phase0 import run_phase0
-from .systems import CandidateRefused, protected_hits
+from .slots import Slot, lease
+from .systems import CandidateRefused, checkout, protected_hits
 
 __all__ = [
     "CandidateRefused",
     "Evaluation",
     "Request",
+    "Slot",
     "SystemFailed",
     "audit_system",
+    "checkout",
     "compare",
     "controller_digest",
-    "judge_digest",
     "cost_report",
+    "judge_digest",
+    "lease",
     "measure_noise",
     "protected_hits",
     "protected_paths",

@@ -17,7 +17,7 @@ from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.memory_store import connect, records
 
 from .adapters import adapter_for
-from .context import digest, draw_requests, slots_of, systems_cache, workspace_repo
+from .context import digest, draw_requests, slots_of, workspace
 from .engine import Request, SystemFailed
 from .forcing import AuditResult, ScoredOutput, audit
 from .paired import run_period
@@ -59,7 +59,7 @@ def contexts(dep: Deployment, home: Home, result: AuditResult, outputs: dict[str
     """The first events with the text around them: `…before [system token|scorer's argmax]`."""
     from tokenizers import Tokenizer
 
-    from specpilot.deployments.workloads.chat import target_folder
+    from specpilot.deployments.workloads import target_folder
 
     tok = Tokenizer.from_file(str(target_folder(dep, home) / "tokenizer.json"))
     events = []
@@ -88,7 +88,8 @@ def audit_system(
     """Run one system on the deployment's first slot over drawn requests and audit its output."""
     db = connect(home)
     digest(db, dep, home)
-    system = checkout(workspace_repo(home, dep), rev, systems_cache(home, dep))
+    ws = workspace(home, dep)
+    system = checkout(ws.repo_dir, rev, ws.systems_cache)
     reqs, draw = draw_requests(dep, home)
     run_id = records.add_run(db, dep.name, "audit", system.tree)
     logs = home.runs / run_id

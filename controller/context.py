@@ -12,9 +12,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from specpilot.deployments import Deployment, Home, SpecPilotError
+from specpilot.deployments import Deployment, Home
 from specpilot.deployments.workloads import load_requests, pool_file, request_file
-from specpilot.memory_store import records
+from specpilot.memory_store import Workspace, records
 
 from .engine import Request
 from .integrity import check_digest, controller_digest
@@ -22,17 +22,9 @@ from .slots import Slot
 from .systems import ENGINE_PROTECTED
 
 
-def workspace_repo(home: Home, dep: Deployment) -> Path:
-    repo = home.workspace_repo(dep.name)
-    if not home.has_workspace(dep.name):
-        raise SpecPilotError(
-            f"no workspace for {dep.name!r} under {home.workspaces}; run `specpilot workspace init --deployment {dep.name}`"
-        )
-    return repo
-
-
-def systems_cache(home: Home, dep: Deployment) -> Path:
-    return home.systems_cache(dep.name)
+def workspace(home: Home, dep: Deployment) -> Workspace:
+    """The deployment's workspace: its repository, and the cache the judged systems are exported to."""
+    return Workspace.open(home, dep.name)
 
 
 def slots_of(dep: Deployment) -> tuple[Slot, ...]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import psutil
+
 from .confine import Launch
 from .slots import Slot
 
@@ -87,29 +89,30 @@ MAX_LINE = 4 << 20  # a line longer than this is a flood, not protocol
 
 
 def process_tree(root: int) -> list[int]:
-    """`root` and every process below it (host pids), from /proc."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
-def _cpu_seconds(pid: int) -> float:
+    """`root` and every process below it (host pids)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+        return [root, *(c.pid for c in psutil.Process(root).children(recursive=True))]
+    except psutil.Error:
+        return [root]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of the live processes among `pids` (all their threads)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def allowed_cores(pids: list[int]) -> str | None:
+    """The cores any of `pids` may run on, as "0" or "0,1" (None when none is alive)."""
+    cores: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            cores |= set(psutil.Process(pid).cpu_affinity())
+    return ",".join(map(str, sorted(cores))) if cores else None
 
 
 class LineProcess:
@@ -204,13 +207,11 @@ class LineProcess:
         """CPU seconds used (every thread and child), wall seconds alive, and where it may run."""
         out = {"wall_s": time.perf_counter() - self.t_start, "cpu_s": self._cpu_s, "cores": None,
                "cpuset": self.launch.cgroup is not None}  # fmt: skip
-        with contextlib.suppress(OSError, StopIteration, ValueError):
+        with contextlib.suppress(OSError, ValueError):
             cg = self.launch.cgroup
             pids = self.pids()
-            out["cpu_s"] = self._cpu_s = cg.cpu_seconds() if cg is not None else sum(map(_cpu_seconds, pids))
-            status = Path(f"/proc/{pids[-1]}/status").read_text()
-            out["cores"] = next(line.split(":", 1)[1].strip() for line in status.splitlines()
-                                if line.startswith("Cpus_allowed_list"))  # fmt: skip
+            out["cpu_s"] = self._cpu_s = cg.cpu_seconds() if cg is not None else cpu_seconds(pids)
+            out["cores"] = allowed_cores(pids)
         return out
 
     def stop(self, grace_s: float = 10.0) -> None:

@@ -19,9 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from specpilot.deployments import Deployment, Home, SpecPilotError
-from specpilot.memory_store import connect, records
-from specpilot.memory_store.gittree import write_tree
+from specpilot.deployments import Deployment, Home, SpecPilotError, differing
+from specpilot.memory_store import connect, records, write_tree
 
 from . import checks
 from .adapters import adapter_for
@@ -31,9 +30,8 @@ from .context import (
     draw_requests,
     protected_paths,
     slots_of,
-    systems_cache,
     tuning_requests,
-    workspace_repo,
+    workspace,
 )
 from .engine import Request, SystemFailed
 from .paired import PairedRun, paired_run
@@ -76,7 +74,8 @@ def _tree_check(repo, systems: list[SystemTree]) -> Callable[[], None]:
                 import shutil
 
                 shutil.rmtree(s.path, ignore_errors=True)
-                raise _Tampered(f"the export of {s.tree[:12]} changed during the run (now {got[:12]})")
+                was, now = differing(s.tree, got)
+                raise _Tampered(f"the export of {was} changed during the run (now {now})")
 
     return check
 
@@ -96,7 +95,7 @@ def _blocks(dep: Deployment, home: Home, db, kind: str, baseline: SystemTree, ca
     """Blocks of a paired run (fixed many, or while `keep_going(run, elapsed)`), stored as one run."""
     run_id = records.add_run(db, dep.name, kind, baseline.tree, candidate.tree)
     raw = home.runs / f"{run_id}.jsonl"
-    check = _tree_check(workspace_repo(home, dep), [baseline, candidate])
+    check = _tree_check(workspace(home, dep).repo_dir, [baseline, candidate])
     t0, run = time.monotonic(), None
     try:
         with lease(home, slots_of(dep)) as slots:
@@ -123,7 +122,8 @@ def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev
     """Stock against itself in the paired design; adds its block gains to the deployment's A/A record."""
     db = connect(home)
     dig = digest(db, dep, home)
-    stock = checkout(workspace_repo(home, dep), rev, systems_cache(home, dep))
+    ws = workspace(home, dep)
+    stock = checkout(ws.repo_dir, rev, ws.systems_cache)
     reqs, draw = draw_requests(dep, home)
     try:
         run_id, raw, run = _blocks(dep, home, db, "noise", stock, stock, reqs, progress,
@@ -195,7 +195,8 @@ def compare(
     db = connect(home)
     digest(db, dep, home)
     noise = noise_state(db, dep)
-    repo, cache = workspace_repo(home, dep), systems_cache(home, dep)
+    ws = workspace(home, dep)
+    repo, cache = ws.repo_dir, ws.systems_cache
     baseline = checkout(repo, baseline_rev, cache)
     try:
         candidate = apply_candidate(repo, baseline, candidate_rev, protected_paths(dep), cache)
@@ -269,6 +270,7 @@ def compare(
     sigma = sigma_for(sd, len(quiet))
     evidence = {
         "design": run.design, "block_gains": res.block_gains, "n": res.n, "log_sd": res.log_sd,
+        "request_gains": [[round(math.exp(r.log_ratio()), 5) for r in blk] for blk in quiet],
         "level": res.level, "notes": verdict.notes, "changed_requests": changed, "violations": fatal,
         "disturbances": run.disturbances, "set_aside": set_aside, "requests": len(reqs), "draw": draw,
         "warmup": c.warmup_requests, "raw": str(raw), "audit": audit_summary,
@@ -300,7 +302,8 @@ def quick_compare(dep: Deployment, home: Home, baseline_rev: str, candidate_rev:
     """
     db = connect(home)
     digest(db, dep, home)
-    repo, cache = workspace_repo(home, dep), systems_cache(home, dep)
+    ws = workspace(home, dep)
+    repo, cache = ws.repo_dir, ws.systems_cache
     baseline = checkout(repo, baseline_rev, cache)
     try:
         candidate = apply_candidate(repo, baseline, candidate_rev, protected_paths(dep), cache)
@@ -326,7 +329,8 @@ def cost_report(dep: Deployment, home: Home, rev: str, *, max_requests: int | No
     from specpilot.costmodel import measure
     from specpilot.deployments.workloads import request_file
 
-    system = checkout(workspace_repo(home, dep), rev, systems_cache(home, dep))
+    ws = workspace(home, dep)
+    system = checkout(ws.repo_dir, rev, ws.systems_cache)
     s0 = slots_of(dep)[0]
     with lease(home, [s0]):
         report = measure(dep, home, tree=system.path, slot=str(s0), requests=request_file(dep, home),

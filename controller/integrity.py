@@ -1,11 +1,12 @@
 """The controller guards its own integrity: it refuses to judge once anything that decides or
 records a verdict has changed.
 
-The digest covers the installed controller package, the memory store's record and tree-hash code
-(verdicts and runs are written there; systems are named by tree hash), the pristine refspec stock
-tree (the token-forcing scorer is its target) and the scorer's weights. It is recorded when a
-deployment's Phase 0 runs and checked before every run, so a patch that edits the judge — by an
-agent or by accident — stops all judging until a person reruns Phase 0.
+The digest covers the installed controller package, the memory store's record, tree-hash and
+workspace code (verdicts and runs are written there; systems are named by tree hash and exported
+from the workspace), the pristine refspec stock tree (the token-forcing scorer is its target) and
+the scorer's weights. It is recorded when a deployment's Phase 0 runs and checked before every run,
+so a patch that edits the judge — by an agent or by accident — stops all judging until a person
+reruns Phase 0.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ JUDGE = [
     PACKAGE / "memory_store" / "models.py",
     PACKAGE / "memory_store" / "db.py",
     PACKAGE / "memory_store" / "gittree.py",
+    PACKAGE / "memory_store" / "workspace.py",
     PACKAGE / "deployments" / "stock" / "refspec",
 ]
 

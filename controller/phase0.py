@@ -16,13 +16,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from specpilot.deployments import Deployment, Home, SpecPilotError
-from specpilot.deployments.knobs import set_knob
-from specpilot.deployments.stock.wheel import LAUNCH_FILE
+from specpilot.deployments import Deployment, Home, SpecPilotError, set_knob
+from specpilot.deployments.stock import LAUNCH_FILE
 from specpilot.memory_store import connect, records
 
 from .adapters import adapter_for
-from .context import draw_requests, judge_digest, slots_of, systems_cache, workspace_repo
+from .context import draw_requests, judge_digest, slots_of, workspace
 from .engine import SystemFailed
 from .evaluate import Progress, measure_noise
 from .forcing import audit, calibrate_delta
@@ -61,8 +60,8 @@ def run_phase0(
 ) -> dict[str, Any]:
     """Run Phase 0 and store its figures as the deployment's `phase0` state."""
     db = connect(home)
-    repo = workspace_repo(home, dep)
-    cache = systems_cache(home, dep)
+    ws = workspace(home, dep)
+    repo, cache = ws.repo_dir, ws.systems_cache
     stock = checkout(repo, "stock", cache)
     ar = ar_variant(dep, stock, cache)
     reqs, draw = draw_requests(dep, home)

@@ -24,10 +24,12 @@ import time
 import tomllib
 from pathlib import Path
 
-from specpilot.deployments import Deployment, SpecPilotError
-from specpilot.deployments.stock.wheel import LAUNCH_FILE
+import psutil
 
-from .engine import PASS_ENV, SystemFailed
+from specpilot.deployments import Deployment, SpecPilotError
+from specpilot.deployments.stock import LAUNCH_FILE
+
+from .engine import PASS_ENV, SystemFailed, allowed_cores, cpu_seconds
 from .slots import Slot
 
 FlagValue = str | int | float | bool
@@ -248,28 +250,22 @@ class ServerProcess:
                 pass  # not listening yet, or closed the connection while starting
             time.sleep(min(0.25, max(deadline - time.perf_counter(), 0)))
 
-    def _group(self) -> list[str]:
-        """/proc stat fields (after the command name) of every process in the server's group."""
+    def _group(self) -> list[int]:
+        """The pids of every process in the server's process group (it leads its own)."""
         out = []
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                with contextlib.suppress(OSError, IndexError):
-                    fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-                    if int(fields[2]) == self.proc.pid:
-                        out.append(fields)
+        for pid in psutil.pids():
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) == self.proc.pid:
+                    out.append(pid)
         return out
 
     def usage(self) -> dict:
-        """CPU seconds of the whole process group, wall seconds alive, the leader's allowed cores."""
+        """CPU seconds of the whole process group, wall seconds alive, the group's allowed cores."""
         out = {"wall_s": time.perf_counter() - self.t_start, "cpu_s": self._cpu_s, "cores": None}
-        ticks = os.sysconf("SC_CLK_TCK")
         group = self._group()
         if group:
-            out["cpu_s"] = self._cpu_s = sum(int(f[11]) + int(f[12]) for f in group) / ticks
-        with contextlib.suppress(OSError, StopIteration):
-            status = Path(f"/proc/{self.proc.pid}/status").read_text()
-            out["cores"] = next(line.split(":", 1)[1].strip() for line in status.splitlines()
-                                if line.startswith("Cpus_allowed_list"))  # fmt: skip
+            out["cpu_s"] = self._cpu_s = cpu_seconds(group)
+            out["cores"] = allowed_cores(group)
         return out
 
     def stop(self, grace_s: float = 30.0) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 
 from specpilot.deployments import Deployment, Home, SpecPilotError
-from specpilot.memory_store.stock import stock_for
+from specpilot.memory_store import stock_for
 
 from .engine import READY_TIMEOUT_S, SystemFailed
 from .forcing import ScoredOutput

@@ -14,8 +14,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from specpilot.deployments import Home, SpecPilotError
-from specpilot.deployments.spec import SLOT_RE
+from specpilot.deployments import SLOT_RE, Home, SpecPilotError
 
 
 @dataclass(frozen=True, order=True)

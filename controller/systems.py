@@ -17,8 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specpilot.deployments import SpecPilotError
-from specpilot.memory_store.gittree import CACHE_EXCLUDES, git_bytes, git_try, safe_extract, write_tree
+from specpilot.deployments import SpecPilotError, differing
+from specpilot.memory_store import CACHE_EXCLUDES, git_bytes, git_try, safe_extract, write_tree
 
 # Paths every engine protects, besides the deployment's own list.
 # SGLang's are its HTTP entry points and the tokenizer manager, where chunks and meta_info are made.
@@ -127,9 +127,8 @@ def apply_candidate(
             )
         got = write_tree(repo, tmp)
         if got != cand_tree:
-            raise CandidateRefused(
-                f"baseline + diff gives tree {got[:12]}, not the candidate's {cand_tree[:12]}"
-            )
+            got_p, want_p = differing(got, cand_tree)
+            raise CandidateRefused(f"baseline + diff gives tree {got_p}, not the candidate's {want_p}")
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -12,9 +12,9 @@ from .decompose import FACTORS, ClassCost, CostReport, decompose
 from .devices import GPU_SPECS, DeviceSpec, device_spec
 from .measure import measure
 from .profile import StepProfile, load_profile
-from .recording import Record, load_records
+from .recording import Record, label_sets, load_records
 from .replay import BUDGETS, TREE_POLICIES, Replay, ReplayTable, oracle_accept, replay, replay_table
-from .runner import cached_record, run_profile, run_record
+from .runner import cached_record, run_profile, run_record, tree_digest
 
 __all__ = [
     "BUDGETS",
@@ -36,6 +36,7 @@ __all__ = [
     "decompose",
     "device_spec",
     "floors",
+    "label_sets",
     "load_profile",
     "load_records",
     "measure",
@@ -45,4 +46,5 @@ __all__ = [
     "run_profile",
     "run_record",
     "step_work",
+    "tree_digest",
 ]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specpilot.deployments import SpecPilotError
-from specpilot.kernels.tree import Lattice
+from specpilot.kernels import Lattice
 
 REQUIRED = ("id", "prompt_len", "block_size", "top_k", "drafter", "greedy", "lattices")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from specpilot.kernels.tree import Lattice, accept_length, best_first_tree, chain, topk_tree
+from specpilot.kernels import Lattice, accept_length, best_first_tree, chain, topk_tree
 
 from .recording import Record
 

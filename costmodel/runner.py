@@ -16,8 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specpilot.deployments import Home, SpecPilotError
-from specpilot.deployments.spec import SLOT_RE
+from specpilot.deployments import SLOT_RE, Home, SpecPilotError
 from specpilot.deployments.stock import tree_files
 
 from .profile import StepProfile, load_profile

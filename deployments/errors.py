@@ -10,3 +10,11 @@ class SpecPilotError(Exception):
 
     exit_code = 2
     is_user_error = True
+
+
+def differing(a: str, b: str, least: int = 12) -> tuple[str, str]:
+    """Prefixes of two hashes long enough to show where they differ (at least `least` characters,
+    4 past their common prefix), for messages that compare them."""
+    common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    n = max(least, common + 4)
+    return a[:n], b[:n]

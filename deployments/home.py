@@ -31,16 +31,9 @@ class Home:
     def workspaces(self) -> Path:
         return self.root / "workspaces"
 
-    def workspace_repo(self, deployment: str) -> Path:
-        """The git repository of a deployment's workspace (stock, system and candidate branches)."""
-        return self.workspaces / deployment / "repo"
-
-    def systems_cache(self, deployment: str) -> Path:
-        """Where the controller exports the systems it judges, one folder per tree hash."""
-        return self.workspaces / deployment / "systems"
-
-    def has_workspace(self, deployment: str) -> bool:
-        return (self.workspace_repo(deployment) / ".git").is_dir()
+    def round_dir(self, deployment: str, number: int) -> Path:
+        """Where a round's pictures are written (its state lives in the database)."""
+        return self.root / "rounds" / deployment / f"round-{number}"
 
     @property
     def runs(self) -> Path:

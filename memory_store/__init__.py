@@ -40,11 +40,28 @@ _EXPORTS = {
     "list_systems": "systems",
     "replay": "systems",
     "seal_system": "systems",
+    "CACHE_EXCLUDES": "gittree",
+    "GitError": "gittree",
+    "git_bytes": "gittree",
+    "git_run": "gittree",
+    "git_try": "gittree",
+    "safe_extract": "gittree",
+    "write_tree": "gittree",
+    "describe": "entry",
+    "VerdictRecord": "records",
+    "STOCK_TAG": "workspace",
+    "SYSTEM_BRANCH": "workspace",
+    "Workspace": "workspace",
+    "stock_source": "workspace",
 }
 __all__ = [
+    "CACHE_EXCLUDES",
+    "STOCK_TAG",
+    "SYSTEM_BRANCH",
     "Database",
     "Entry",
     "EntryMeta",
+    "GitError",
     "ImportResult",
     "Memory",
     "Replay",
@@ -52,13 +69,19 @@ __all__ = [
     "StockTree",
     "SystemRecord",
     "Variant",
+    "VerdictRecord",
+    "Workspace",
     "add_entry",
     "builtin_bundles",
     "check_bundle",
     "connect",
+    "describe",
     "engine_stocks",
     "export_bundle",
     "find_systems",
+    "git_bytes",
+    "git_run",
+    "git_try",
     "import_bundle",
     "list_systems",
     "open_memory",
@@ -67,10 +90,13 @@ __all__ = [
     "register_wheel_stock",
     "replay",
     "restock_bundle",
+    "safe_extract",
     "seal_check",
     "seal_system",
     "stock_for",
+    "stock_source",
     "write_bundle",
+    "write_tree",
 ]
 
 
@@ -96,8 +122,11 @@ if TYPE_CHECKING:
         write_bundle,
     )
     from .db import Database, connect
-    from .entry import Entry, EntryMeta, Variant
+    from .entry import Entry, EntryMeta, Variant, describe
+    from .gittree import CACHE_EXCLUDES, GitError, git_bytes, git_run, git_try, safe_extract, write_tree
+    from .records import VerdictRecord
     from .sealcheck import SealResult, seal_check
     from .stock import StockTree, engine_stocks, register_wheel_stock, stock_for
     from .store import Memory, open_memory
     from .systems import Replay, SystemRecord, find_systems, list_systems, replay, seal_system
+    from .workspace import STOCK_TAG, SYSTEM_BRANCH, Workspace, stock_source

@@ -3,7 +3,7 @@
 A system is named by the git tree hash of its source tree, and that hash must depend on file
 names and bytes only. Blobs are written with `hash-object --no-filters` (no attribute or CRLF
 conversion) and every file is entered at mode 100644, so timestamps, umasks and exec bits never
-leak in. The workspaces (orchestrator) and the memory store (patch stacking, seal-check) both
+leak in. The workspaces (`workspace.py`) and the memory store (patch stacking, seal-check) both
 hash through `write_tree`. Missing blobs go into the repository as one pack (`git fast-import`):
 SGLang's stock tree has thousands of files, and as many loose objects cost several times more.
 """

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from specpilot.deployments import SpecPilotError
+from specpilot.deployments import SpecPilotError, differing
 
 from .entry import Entry, Variant
 from .gittree import FILE_MODE, ISOLATED_ENV, GitError, git_bytes, git_run, write_tree
@@ -105,9 +105,8 @@ class Stacker:
         applied: tuple[tuple[str, str], ...] = ()  # (name, delta): a changed delta never hits the memo
         for e in entries:
             if e.stock_tree != stock:
-                raise SpecPilotError(
-                    f"entry {e.name!r} was made against stock tree {e.stock_tree[:12]}, not {stock[:12]}"
-                )
+                made, here = differing(e.stock_tree, stock)
+                raise SpecPilotError(f"entry {e.name!r} was made against stock tree {made}, not {here}")
             applied += ((e.name, e.delta),)
             key = (stock, applied)
             if key not in self._built:

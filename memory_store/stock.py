@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specpilot.deployments import Deployment, Home, SpecPilotError, deployment_files, load_deployment_file
-from specpilot.deployments.stock import STOCK_ROOT, stock_tree_path
-from specpilot.deployments.stock.wheel import materialize_wheel_stock
+from specpilot.deployments.stock import STOCK_ROOT, materialize_wheel_stock, stock_tree_path
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from specpilot.deployments import SpecPilotError
+from specpilot.deployments import SpecPilotError, differing
 
 from .dag import application_order
 from .entry import Entry
@@ -61,8 +61,9 @@ def rebuild_entry(
     reqs = requirements_of(entry, known, where)
     tree = stacker.build(entry.stock_tree, [*reqs, entry])
     if tree != entry.tree:
+        got, sealed = differing(tree, entry.tree)
         raise SpecPilotError(
-            f"entry {entry.name!r} rebuilds tree {tree[:12]}, not its sealed tree {entry.tree[:12]}: "
+            f"entry {entry.name!r} rebuilds tree {got}, not its sealed tree {sealed}: "
             "its delta or a requirement was changed after sealing"
         )
     stacker.check_variants(tree, entry.variants, entry.name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from specpilot.agents.memory_backend import MemoryMaster, MemorySubAgent
+from specpilot.agents import MemoryMaster, MemorySubAgent
 from specpilot.deployments import Home, SpecPilotError
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from specpilot.deployments import SpecPilotError, load_deployment
 from specpilot.memory_store import connect, records
 
 from .output import Ctx, console, emit
-from .reports import print_verdict, verdict_json, verdict_table
+from .reports import print_verdict, verdict_json, verdict_list
 
 app = typer.Typer(
     help="The controller: stock noise, paired comparisons, token-forcing audits.", no_args_is_help=True
@@ -158,7 +158,7 @@ def report(
     verdicts = records.list_verdicts(db)
     if ident is None:
         rows = [verdict_json(v) for v in verdicts[-20:]]
-        emit(c, rows, lambda con: con.print(verdict_table(rows)))
+        emit(c, rows, lambda con: con.print(verdict_list(rows)))
         return
     hits = [v for v in verdicts if v.id.startswith(ident) or (v.run_id or "").startswith(ident)]
     if not hits:

@@ -19,17 +19,16 @@ from specpilot.costmodel import (
     CostReport,
     ReplayTable,
     cached_record,
+    label_sets,
     load_records,
     measure,
     replay_table,
+    tree_digest,
 )
-from specpilot.costmodel.recording import label_sets
-from specpilot.costmodel.runner import tree_digest
 from specpilot.deployments import Deployment, Home, SpecPilotError, load_deployment
-from specpilot.memory_store.gittree import git_bytes, safe_extract
+from specpilot.memory_store import SYSTEM_BRANCH, Workspace, git_bytes, safe_extract, stock_source
 
 from .output import Ctx, emit
-from .workspace import SYSTEM_BRANCH, Workspace, stock_source
 
 DEPLOYMENT = typer.Option(..., "--deployment", "-d", help="Deployment name.")
 SYSTEM = typer.Option(
@@ -51,7 +50,7 @@ def register(app: typer.Typer) -> None:
 def system_tree(dep: Deployment, home: Home, rev: str | None) -> tuple[Path, str]:
     """(folder holding the system's source tree, its name): a workspace revision exported under
     the home (by git tree hash), or the pristine stock tree when there is no workspace."""
-    if not home.has_workspace(dep.name):
+    if not Workspace.exists(home, dep.name):
         if rev is not None:
             raise SpecPilotError(
                 f"--system {rev}: deployment {dep.name!r} has no workspace; run "

@@ -14,9 +14,9 @@ from rich.tree import Tree
 
 import specpilot.memory_store as ms  # its parts load on first use: other commands stay quick
 from specpilot.deployments import SpecPilotError, load_deployment
+from specpilot.memory_store import Workspace
 
 from .output import Ctx, emit
-from .workspace import Workspace
 
 app = typer.Typer(
     help="The memory: verified mechanisms stored as entries that reproduce the exact code.",
@@ -155,7 +155,7 @@ def graph(
 def _meta(path: Path | None, summary: str | None, factor: str | None, contracts: list[str]) -> ms.EntryMeta:
     from pydantic import ValidationError
 
-    from specpilot.memory_store.entry import describe
+    from specpilot.memory_store import describe
 
     raw: dict = {}
     if path is not None:

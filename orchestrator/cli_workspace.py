@@ -7,9 +7,9 @@ from rich.console import Console
 from rich.table import Table
 
 from specpilot.deployments import load_deployment
+from specpilot.memory_store import STOCK_TAG, SYSTEM_BRANCH, Workspace
 
 from .output import Ctx, emit
-from .workspace import STOCK_TAG, SYSTEM_BRANCH, Workspace
 
 app = typer.Typer(
     help="Per-deployment git workspaces: the stock tree, the current system, candidates.",
@@ -43,17 +43,16 @@ def init(
 
 
 def _describe(ws: Workspace) -> dict:
-    repo = ws.repo
-    branches = sorted(h.name for h in repo.heads if h.name != SYSTEM_BRANCH)
+    branches = [b for b in ws.branches() if b != SYSTEM_BRANCH]
     return {
         "deployment": ws.name,
         "path": str(ws.root),
         "stock_tree": ws.stock_tree,
         "system_tree": ws.system_tree,
         "system_is_stock": ws.system_tree == ws.stock_tree,
-        "system_commit": repo.commit(SYSTEM_BRANCH).hexsha,
-        "system_subject": repo.commit(SYSTEM_BRANCH).summary,
-        "stock_commit": repo.commit(STOCK_TAG).hexsha,
+        "system_commit": ws.commit(SYSTEM_BRANCH),
+        "system_subject": ws.subject(SYSTEM_BRANCH),
+        "stock_commit": ws.commit(STOCK_TAG),
         "candidates": branches,
         "worktrees": [str(p) for p in ws.worktrees()],
     }
@@ -64,7 +63,7 @@ def status(ctx: typer.Context) -> None:
     """Every workspace under the home: stock and system tree hashes, candidates, worktrees."""
     c: Ctx = ctx.obj
     roots = (
-        sorted(p for p in c.home.workspaces.glob("*") if c.home.has_workspace(p.name))
+        sorted(p for p in c.home.workspaces.glob("*") if Workspace.exists(c.home, p.name))
         if c.home.workspaces.is_dir()
         else []
     )

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from specpilot.memory_store.records import VerdictRecord
+from specpilot.memory_store import VerdictRecord
 
 
 def verdict_json(v: VerdictRecord) -> dict[str, Any]:
@@ -73,31 +75,48 @@ def verdict_panel(v: dict[str, Any], title: str | None = None) -> Panel:
     return Panel(Group(*parts), title=title or f"verdict {str(v.get('id'))[:8]}", expand=False)
 
 
-def verdict_table(rows: Sequence[dict[str, Any]]) -> Table:
-    table = Table(title="Verdicts")
-    for col in (
-        "id",
-        "deployment",
-        "candidate",
-        "gain",
-        "lower bound",
-        "threshold",
-        "verdict",
-        "first reason",
-    ):
-        table.add_column(col)
+def verdict_list(rows: Sequence[dict[str, Any]]) -> Group:
+    """Verdicts, each a line naming it and a hanging-indented line of figures and the first reason,
+    so the list reads at 80 columns as on a wide terminal."""
+    lines: list[Any] = [Text("Verdicts", style="bold")]
     for v in rows:
-        table.add_row(
-            str(v["id"])[:8], v["deployment"], v["candidate_tree"][:12], f"{v['gain']:.3f}",
-            f"{v['lower_bound']:.3f}", f"{v['threshold']:.2%}",
-            "[green]approved[/]" if v["approved"] else "[red]rejected[/]",
-            (v["reasons"] or [""])[0][:70],
-        )  # fmt: skip
-    return table
+        ok = v["approved"]
+        head = Text(f"{str(v['id'])[:8]}  ")
+        head.append("approved" if ok else "rejected", style="green" if ok else "red")
+        head.append(f"  {v['deployment']}  candidate {v['candidate_tree'][:12]}")
+        figures = f"gain {v['gain']:.3f}, lower bound {v['lower_bound']:.3f}, bar +{v['threshold']:.2%}"
+        lines += [head, _indented(figures + (f"; {v['reasons'][0]}" if v["reasons"] else ""))]
+    return Group(*lines)
 
 
 def print_verdict(con: Console, v: dict[str, Any], title: str | None = None) -> None:
     con.print(verdict_panel(v, title))
+
+
+def _indented(text: str, style: str = "") -> Padding:
+    """A line that wraps under its own indent (a hanging indent), not under the panel's edge."""
+    return Padding(Text(text, style=style), (0, 0, 0, 2))
+
+
+def _direction_lines(i: int, d: dict[str, Any], ev: dict[str, Any] | None) -> list[Any]:
+    """One direction of a round: what it tried, then its verdict and why, as wrapping lines."""
+    where = ", ".join(x for x in (f"factor {d['target_factor']}", d.get("slot") and f"slot {d['slot']}") if x)
+    lines: list[Any] = [Text(f"direction {i}: {d['title']} ({where})", style="bold")]
+    if ev is None:
+        return [*lines, _indented("pending: not judged yet", "yellow")]
+    head = Text("APPROVED" if ev["approved"] else "REJECTED", style="green" if ev["approved"] else "red")
+    if ev.get("gain"):
+        figures = [f"gain {ev['gain']:.3f} ({_pct(ev['gain'])})"]
+        if ev.get("lower_bound"):
+            figures.append(f"lower bound {ev['lower_bound']:.3f} ({_pct(ev['lower_bound'])})")
+        if ev.get("threshold"):
+            figures.append(f"bar +{ev['threshold']:.2%}")
+        head.append("  " + ", ".join(figures))
+    else:
+        head.append("  with no figures: nothing was measured to a verdict")
+    lines.append(Padding(head, (0, 0, 0, 2)))
+    reasons = ev.get("reasons") or ["clears the bar; audit passed"]
+    return lines + [_indented(f"why: {r}") for r in reasons]
 
 
 def round_panel(deployment: str, number: int, status: str, st: dict[str, Any]) -> Panel:
@@ -110,29 +129,14 @@ def round_panel(deployment: str, number: int, status: str, st: dict[str, Any]) -
     cm = st.get("costmodel")
     if cm:
         f = cm.get("factors") or {}
-        parts.append(Text(
-            f"cost model: τ {cm['tau']:.2f}, c {cm['c']:.2f}, speedup over AR {cm['speedup']:.2f}x; "
-            f"ceiling factors tree {f.get('tree', 0):.2f} · kernel {f.get('kernel', 0):.2f} · "
-            f"outside {f.get('outside', 0):.2f} → largest: {cm['largest']}"))  # fmt: skip
-    table = Table(title="directions")
-    for col in ("#", "direction", "factor", "slot", "verdict", "gain", "lower bound", "bar", "why"):
-        table.add_column(col)
+        parts.append(Text(f"cost model: accept length τ {cm['tau']:.2f}, step cost c {cm['c']:.2f}, "
+                          f"speedup over AR {cm['speedup']:.2f}x"))  # fmt: skip
+        parts.append(Text(f"ceiling factors: tree {f.get('tree', 0):.2f} · kernel {f.get('kernel', 0):.2f} · "
+                          f"outside {f.get('outside', 0):.2f} → largest: {cm['largest']}"))  # fmt: skip
     evals = st.get("evaluations", {})
     for i, d in enumerate(st.get("directions", [])):
-        ev = evals.get(str(i))
-        if ev is None:
-            verdict, gain, lb, bar, why = "[yellow]pending[/]", "", "", "", ""
-        else:
-            verdict = "[green]approved[/]" if ev["approved"] else "[red]rejected[/]"
-            gain = f"{ev['gain']:.3f}" if ev.get("gain") else "-"
-            lb = f"{ev['lower_bound']:.3f}" if ev.get("lower_bound") else "-"
-            bar = f"{ev['threshold']:.2%}" if ev.get("threshold") else "-"
-            why = "; ".join(ev.get("reasons") or []) or "clears the bar; audit passed"
-        table.add_row(str(i), d["title"], d["target_factor"], d.get("slot", ""), verdict, gain, lb, bar, why)
-    parts.append(table)
-    runs = agent_runs_table(st)
-    if runs is not None:
-        parts.append(runs)
+        parts += _direction_lines(i, d, evals.get(str(i)))
+    parts += agent_runs(st)
     comb = st.get("combination")
     if comb:
         parts.append(
@@ -151,6 +155,10 @@ def round_panel(deployment: str, number: int, status: str, st: dict[str, Any]) -
                 style="bold green" if ok else "bold red"))  # fmt: skip
         else:
             parts.append(Text("no direction approved: the system is unchanged", style="bold"))
+    pictures = st.get("pictures") or []
+    if pictures:
+        folder = Path(pictures[0]).parent
+        parts.append(Text(f"pictures: {', '.join(Path(p).name for p in pictures)} in {folder}"))
     return Panel(Group(*parts), title=f"round {number} of {deployment}", expand=False)
 
 
@@ -161,21 +169,17 @@ def _tokens(usage: dict[str, Any]) -> str:
     return out + (f", {usage['num_turns']} turns" if usage.get("num_turns") else "")
 
 
-def agent_runs_table(st: dict[str, Any]) -> Table | None:
-    """Tokens, dollars and the stored transcript of each agent run of a round (claude agent); None
-    when no run has any (the memory agent)."""
+def agent_runs(st: dict[str, Any]) -> list[Text]:
+    """Tokens, dollars and the stored transcript of each agent run of a round (claude agent), one
+    line each and a total; none when no run has any (the memory agent)."""
     rows = [("master", st["master"])] if st.get("master") else []
     rows += [(f"direction {i}", p) for i, p in sorted(st.get("patches", {}).items(), key=lambda x: int(x[0]))
              if p.get("transcript") or p.get("cost_usd")]  # fmt: skip
     if not rows:
-        return None
-    table = Table(title="agent runs")
-    for col in ("run", "tokens", "cost", "transcript"):
-        table.add_column(col)
+        return []
+    lines = [Text("agent runs:", style="bold")]
     for name, r in rows:
-        table.add_row(
-            name, _tokens(r.get("usage") or {}), f"${r.get('cost_usd') or 0:.2f}", r.get("transcript") or "-"
-        )
-    total = sum(r.get("cost_usd") or 0 for _, r in rows)
-    table.add_row("total", "", f"${total:.2f}", "")
-    return table
+        lines.append(Text(f"  {name}: {_tokens(r.get('usage') or {})}, ${r.get('cost_usd') or 0:.2f}; "
+                          f"transcript {r.get('transcript') or '-'}"))  # fmt: skip
+    lines.append(Text(f"  total ${sum(r.get('cost_usd') or 0 for _, r in rows):.2f}"))
+    return lines

@@ -17,15 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from specpilot import controller
-from specpilot.agents.protocol import AgentError, Direction, PlanningContext
+from specpilot.agents import AgentError, Direction, PlanningContext
 from specpilot.deployments import Deployment, Home, SpecPilotError
-from specpilot.memory_store import Memory, connect, open_memory, records
-from specpilot.memory_store.gittree import git_run
+from specpilot.memory_store import Memory, Workspace, connect, git_run, open_memory, records
 
 from . import sealing
 from .agents import make_agents
 from .roundview import Baseline, RoundState
-from .workspace import Workspace
 
 Progress = Callable[[str, str], None]  # (step, message)
 
@@ -57,7 +55,7 @@ class Round:
     def run(self) -> dict[str, Any]:
         steps = [("phase0", self.phase0), ("costmodel", self.costmodel), ("plan", self.plan),
                  ("implement", self.implement), ("evaluate", self.evaluate), ("combine", self.combine),
-                 ("seal", self.seal)]  # fmt: skip
+                 ("seal", self.seal), ("report", self.report)]  # fmt: skip
         for name, step in steps:
             if not self.done(name):
                 self.progress(name, "")
@@ -170,9 +168,24 @@ class Round:
     def seal(self) -> None:
         self.state.result = sealing.seal(self)
 
+    def report(self) -> None:
+        """The round's pictures, beside it (`Home.round_dir`), named in its report."""
+        try:
+            from . import plots  # matplotlib: loaded only by the step that draws
+        except ImportError as e:  # a bare environment (the lent GPU machine): the round stands without them
+            self.progress("report", f"no pictures: {e} (matplotlib is a dependency: pip install matplotlib)")
+            return
+        ids = [e["verdict_id"] for e in self.state.evaluations.values() if e.get("verdict_id")]
+        if (self.state.combination_eval or {}).get("verdict_id"):
+            ids.append(self.state.combination_eval["verdict_id"])
+        verdicts = [records.get_verdict(self.db, i) for i in ids]
+        title = f"round {self.number} of {self.dep.name}"
+        self.state.pictures = plots.round_pictures(self.home.round_dir(self.dep.name, self.number), title,
+                                                   self.state.to_json(), verdicts)  # fmt: skip
+
 
 def controller_tools(rnd: Round):
-    from specpilot.agents.tools import LocalControllerTools
+    from specpilot.agents import LocalControllerTools
 
     return LocalControllerTools(rnd.dep, rnd.home, rnd.state.baseline.commit)
 

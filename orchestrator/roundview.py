@@ -9,9 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from specpilot.deployments import Deployment, Home, SpecPilotError
-from specpilot.memory_store import Memory
-
-from .workspace import Workspace
+from specpilot.memory_store import Memory, Workspace
 
 
 @dataclass
@@ -46,6 +44,7 @@ class RoundState:
     combination: dict[str, Any] | None = None
     combination_eval: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
+    pictures: list[str] = field(default_factory=list)  # the round's PNGs (orchestrator/plots.py)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

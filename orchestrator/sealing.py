@@ -11,26 +11,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specpilot import controller
-from specpilot.controller.slots import Slot, lease
-from specpilot.controller.systems import checkout
+from specpilot.controller import Slot, checkout, lease
 from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.memory_store import (
     EntryMeta,
     Memory,
     add_entry,
     builtin_bundles,
+    git_run,
+    git_try,
     import_bundle,
+    list_systems,
     records,
     replay,
     seal_check,
     seal_system,
 )
-from specpilot.memory_store.gittree import git_run, git_try
-from specpilot.memory_store.systems import list_systems
 
 if TYPE_CHECKING:
+    from specpilot.memory_store import Workspace
+
     from .roundview import RoundView
-    from .workspace import Workspace
 
 
 def ensure_builtin(memory: Memory, dep: Deployment) -> None:

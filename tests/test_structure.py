@@ -93,3 +93,63 @@ def test_no_package_imports_upwards():
             if other != pkg and other not in ALLOWED[pkg]:
                 wrong.append(f"{m} imports {t}")
     assert not wrong, wrong
+
+
+# Each package's public API is its `__init__` (its face); a few subpackages are faces of their own.
+FACES = [f"specpilot.{p}" for p in PACKAGES] + [
+    "specpilot.deployments.stock",
+    "specpilot.deployments.workloads",
+    "specpilot.kernels.w12",
+    "specpilot.kernels.certified_head",
+    "specpilot.agents.claude",
+]
+
+
+def public_names(face: str) -> set[str]:
+    """A face's `__all__`, read from its source (nothing is imported)."""
+    tree = ast.parse(modules()[face].read_text())
+    for node in tree.body:
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        )
+        if isinstance(target, ast.Name) and target.id == "__all__" and node.value is not None:
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"{face} declares no __all__")
+
+
+def test_packages_use_each_other_only_through_their_public_api():
+    mods = modules()
+    publics = {face: public_names(face) for face in FACES}
+    wrong = []
+    for m, f in mods.items():
+        pkg = m.split(".")[1]
+        for node in ast.walk(ast.parse(f.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and not node.level
+                and (node.module or "").startswith("specpilot.")
+            ):
+                target, names = node.module, [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                target, names = next((a.name for a in node.names if a.name.startswith("specpilot.")), ""), []
+            else:
+                continue
+            if not target or target.split(".")[1] == pkg:
+                continue
+            if target not in publics:
+                wrong.append(f"{m} imports {target}, which is not a package's public face")
+            for name in names:
+                if name not in publics.get(target, set()) and f"{target}.{name}" not in publics:
+                    wrong.append(f"{m} imports {name} from {target}, which does not list it in __all__")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_public_name_is_there():
+    """Each name a face lists in __all__ imports (the lazy faces resolve it on first use)."""
+    import importlib
+
+    missing = [f"{face}.{name}" for face in FACES for name in sorted(public_names(face))
+               if not hasattr(importlib.import_module(face), name)]  # fmt: skip
+    assert not missing, missing

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from specpilot import controller
-from specpilot.memory_store.gittree import git_bytes
+from specpilot.memory_store import git_bytes
 
 from ..protocol import AgentError
 

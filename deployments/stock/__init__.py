@@ -47,3 +47,9 @@ def import_refspec() -> ModuleType:
             f"`refspec` is already imported from {module.__file__}, not from the stock tree {root}"
         )
     return module
+
+
+from .wheel import LAUNCH_FILE, materialize_wheel_stock  # noqa: E402 — wheel imports nothing of this file
+
+__all__ = ["IGNORED_PARTS", "LAUNCH_FILE", "STOCK_ROOT", "import_refspec", "materialize_wheel_stock",
+           "stock_tree_path", "tree_files"]  # fmt: skip

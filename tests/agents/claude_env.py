@@ -12,8 +12,8 @@ from specpilot.agents.protocol import PlanningContext
 from specpilot.deployments import Home, load_deployment
 from specpilot.deployments.registry import SHIPPED
 from specpilot.memory_store import open_memory
+from specpilot.memory_store.workspace import Workspace
 from specpilot.orchestrator import sealing
-from specpilot.orchestrator.workspace import Workspace
 
 
 def skip_without_cli() -> pytest.MarkDecorator:

@@ -90,7 +90,7 @@ def test_round_plans_and_implements_with_claude(tmp_path, api):
     assert p["usage"]["output_tokens"] >= 200 and p["summary"] == "decode.block_size = 6"
     assert rnd.state.agent_options["max_turns"] == 10
     assert "block_size = 8" in toml.read_text()  # the system is untouched; the change is on its branch
-    assert "+block_size = 6" in ws.repo.git.diff("system", p["branch"])
+    assert "+block_size = 6" in ws.git("diff", "system", p["branch"])
 
     # Stored in the database (what --resume and `specpilot round-report` read), shown in the report.
     from specpilot.memory_store import connect, records

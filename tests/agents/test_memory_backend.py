@@ -11,8 +11,8 @@ from specpilot.agents.memory_backend import MemoryMaster, MemorySubAgent
 from specpilot.agents.protocol import AgentError, Direction, KnobChange, PlanningContext
 from specpilot.deployments import Home, load_deployment
 from specpilot.memory_store import builtin_bundles, open_memory
+from specpilot.memory_store.workspace import Workspace
 from specpilot.orchestrator import sealing
-from specpilot.orchestrator.workspace import Workspace
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from specpilot import controller
 from specpilot.deployments import Home, SpecPilotError, load_deployment
 from specpilot.deployments.registry import SHIPPED
 from specpilot.memory_store import connect, records
-from specpilot.orchestrator.workspace import Workspace
+from specpilot.memory_store.workspace import Workspace
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="paired runs need two CPU cores")
@@ -213,12 +213,13 @@ def test_changed_controller_refuses_to_judge(judged):
 def test_other_load_on_a_slot_disturbs_the_turn(judged, tmp_path):
     """A busy loop pinned to one slot's core while both systems serve: that slot is flagged, the other not."""
     from specpilot.controller.adapters import adapter_for
-    from specpilot.controller.context import slots_of, systems_cache, tuning_requests, workspace_repo
+    from specpilot.controller.context import slots_of, tuning_requests, workspace
     from specpilot.controller.paired import run_period
     from specpilot.controller.systems import checkout
 
     home, dep, _, _ = judged
-    stock = checkout(workspace_repo(home, dep), "stock", systems_cache(home, dep))
+    ws = workspace(home, dep)
+    stock = checkout(ws.repo_dir, "stock", ws.systems_cache)
     s0, s1 = slots_of(dep)
     spin = f"import os\nos.sched_setaffinity(0, {{{s1.index}}})\nwhile True: pass"
     busy = subprocess.Popen([sys.executable, "-c", spin])

@@ -24,7 +24,7 @@ from specpilot.deployments.knobs import set_knob
 from specpilot.deployments.stock import import_refspec
 from specpilot.deployments.stock.wheel import LAUNCH_FILE
 from specpilot.memory_store import stock as stock_mod
-from specpilot.orchestrator.workspace import Workspace
+from specpilot.memory_store.workspace import Workspace
 
 from .sglang_fakes import FAKE_PIN, fake_argmax, fake_logprob, make_fake_tree, write_spec
 

@@ -8,8 +8,8 @@ import pytest
 
 from specpilot.deployments import Home, SpecPilotError, load_deployment
 from specpilot.deployments.stock import stock_tree_path, tree_files
+from specpilot.memory_store.workspace import Workspace
 from specpilot.orchestrator.cli_costmodel import system_tree
-from specpilot.orchestrator.workspace import Workspace
 
 
 def test_without_a_workspace_it_is_the_stock_tree(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from sqlalchemy import text
 from specpilot.deployments import Home, load_deployment
 from specpilot.memory_store import connect
 from specpilot.memory_store.stacking import Stacker
-from specpilot.orchestrator.workspace import Workspace
+from specpilot.memory_store.workspace import Workspace
 from tests.conftest import run_cli
 
 from .conftest import edited

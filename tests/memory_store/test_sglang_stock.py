@@ -23,7 +23,7 @@ from specpilot.deployments.knobs import set_knob
 from specpilot.deployments.stock.wheel import LAUNCH_FILE, LAUNCH_TEMPLATE, fetch_pinned_wheel, parse_pin
 from specpilot.memory_store import connect, stock_for
 from specpilot.memory_store.gittree import git_run
-from specpilot.orchestrator.workspace import Workspace
+from specpilot.memory_store.workspace import Workspace
 from tests.conftest import run_cli
 
 PIN = "sglang==0.5.20"

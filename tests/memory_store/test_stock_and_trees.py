@@ -73,7 +73,7 @@ def test_tree_hash_ignores_modes_and_times(tmp_path):
 
 def test_workspace_commits_exclude_caches_like_the_memory(tmp_path):
     """A worktree where the engine ran (bytecode caches) commits the same tree the memory hashes."""
-    from specpilot.orchestrator.workspace import Workspace
+    from specpilot.memory_store.workspace import Workspace
 
     ws, _ = Workspace.init(
         Home(tmp_path / "home"), load_deployment("smollm-cpu"), source=make_tree(tmp_path / "s", TOY_FILES)

@@ -14,10 +14,10 @@ from specpilot.agents.memory_backend import MemorySubAgent
 from specpilot.agents.protocol import Direction
 from specpilot.deployments import Home, load_deployment
 from specpilot.memory_store import builtin_bundles, open_memory, replay
+from specpilot.memory_store.workspace import Workspace
 from specpilot.orchestrator import sealing
 from specpilot.orchestrator.round import Round
 from specpilot.orchestrator.roundview import RoundState
-from specpilot.orchestrator.workspace import Workspace
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_independent_patches_merge_into_the_tree_their_entries_replay_to(world):
         ws, "both", "system", [("0", "cand/tree"), ("1", "cand/dc")]
     )
     assert applied == ["0", "1"] and dropped == {}
-    tree = ws.repo.commit(commit).tree.hexsha
+    tree = ws.tree_hash(commit)
     assert tree == replay(memory, dep, ["refspec-tree-verify", "refspec-draft-confidence"]).tree
 
 
@@ -70,7 +70,7 @@ def test_a_conflicting_patch_is_left_out_and_named_in_the_round(world):
     trees = {"0": _retune(ws, "b12", 12), "1": _retune(ws, "b6", 6)}
     state = {
         "agent": "memory",
-        "baseline": {"commit": ws.repo.commit("system").hexsha, "tree": ws.system_tree, "entries": []},
+        "baseline": {"commit": ws.commit("system"), "tree": ws.system_tree, "entries": []},
         "directions": [{"title": t, "target_factor": "tree"} for t in ("block 12", "block 6")],
         "patches": {i: {"branch": f"cand/{b}", "tree": trees[i]} for i, b in (("0", "b12"), ("1", "b6"))},
         "evaluations": {"0": {"approved": True, "gain": 1.05}, "1": {"approved": True, "gain": 1.03}},

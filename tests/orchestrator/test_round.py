@@ -92,8 +92,15 @@ def test_round_kill_resume_then_second_round(tmp_path):
     seal = run_cli("--json", "seal-check", "--all", home=home, check=True)
     assert all(r["ok"] for r in json.loads(seal.stdout))
 
+    # The report through a pipe is 80 columns wide; the round's pictures are beside it and named.
     report = run_cli("report", "1", "--deployment", NAME, home=home, check=True).stdout
-    assert "round 1 of smollm-round" in report and "directions" in report
+    assert "round 1 of smollm-round" in report and "direction 0: " in report
+    assert max(len(line) for line in report.splitlines()) <= 80
+    pictures = [Path(p) for p in after["pictures"]]
+    assert pictures[0].name == "round.png"  # and one per verdict that measured blocks
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pictures)
+    assert all(p.parent == Home(home).round_dir(NAME, 1) for p in pictures)
+    assert f"pictures: {', '.join(p.name for p in pictures)} in" in " ".join(report.split())
 
     second = json.loads(run_cli("--json", "round", "--deployment", NAME, home=home, check=True).stdout)
     assert second["round"] == 2

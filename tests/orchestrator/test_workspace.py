@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from specpilot.deployments import Home, SpecPilotError, load_deployment
-from specpilot.orchestrator.workspace import Workspace, write_tree
+from specpilot.memory_store.gittree import write_tree
+from specpilot.memory_store.workspace import Workspace
 
 
 def _tree(root: Path) -> Path:
@@ -41,7 +42,7 @@ def test_init_is_idempotent_and_hash_is_stable(tmp_path, dep):
     ws2, _ = Workspace.init(Home(tmp_path / "home2"), dep, source=other)
     assert ws2.stock_tree == ws.stock_tree
     # The same commit too (fixed identity and dates).
-    assert ws2.repo.commit("stock").hexsha == ws.repo.commit("stock").hexsha
+    assert ws2.commit("stock") == ws.commit("stock")
 
 
 def test_tree_hash_equals_plain_git_and_ignores_caches(tmp_path):
@@ -91,6 +92,6 @@ def test_refspec_stock_tree_hash_is_reproducible(tmp_path, dep):
     a, _ = Workspace.init(Home(tmp_path / "a"), dep)
     b, _ = Workspace.init(Home(tmp_path / "b"), dep)
     assert a.stock_tree == b.stock_tree
-    files = a.repo.git.ls_tree("-r", "--name-only", "stock").splitlines()
+    files = a.git("ls-tree", "-r", "--name-only", "stock").splitlines()
     assert any(f.startswith("refspec/") for f in files)
     assert not any("__pycache__" in f for f in files)
