@@ -14,16 +14,17 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from pydantic import ValidationError, field_validator
 
-from specpilot.deployments import SpecPilotError
+from specpilot.deployments import SpecPilotError, differing
 
 from .dag import application_order
 from .entry import TREE_RE, Entry, EntryMeta, StrictModel, check_name, check_requires, describe
+from .evidence import check_evidence
 from .sealcheck import SealResult, check_entries
 from .stacking import Stacker
 from .stock import StockTree
@@ -168,6 +169,7 @@ def export_bundle(
 class ImportResult:
     added: list[str]
     present: list[str]  # already in the memory with the same code
+    unchecked: list[str] = field(default_factory=list)  # "entry: verdict" this store does not hold
 
 
 def import_bundle(memory: Memory, path: Path) -> ImportResult:
@@ -182,16 +184,24 @@ def import_bundle(memory: Memory, path: Path) -> ImportResult:
         elif old.same_code(e):
             present.append(e.name)
         else:
+            new_tree, old_tree = differing(e.tree, old.tree)
             raise SpecPilotError(
                 f"{path}: entry {e.name!r} differs from the memory's entry of that name (tree "
-                f"{e.tree[:12]} vs {old.tree[:12]}); entries are immutable, rename one of them"
+                f"{new_tree} vs {old_tree}); entries are immutable, rename one of them"
             )
+    bad, unchecked = check_evidence(memory.db, new)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise SpecPilotError(
+            f"{path}: evidence contradicts this store's verdicts: {bad[0]}{more}; an entry's evidence "
+            "must be the verdict it names: import the bundle as it was exported, or drop that item"
+        )
     pool = {**known, **{e.name: e for e in new}}
     with Stacker() as st:
         for e in new:
             rebuild_entry(st, e, pool, memory.stocks(e.engine), where=f"bundle {path} or the memory")
     memory.insert(new)
-    return ImportResult([e.name for e in new], present)
+    return ImportResult([e.name for e in new], present, unchecked)
 
 
 def check_bundle(path: Path, stocks: StockLookup) -> list[SealResult]:

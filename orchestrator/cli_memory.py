@@ -285,12 +285,15 @@ def import_(
             )
         bundle = shipped[builtin]
     res = ms.import_bundle(ms.open_memory(c.home), bundle)  # type: ignore[arg-type]
-    data = {"bundle": str(bundle), "added": res.added, "present": res.present}
+    data = {"bundle": str(bundle), "added": res.added, "present": res.present, "unchecked": res.unchecked}
 
     def render(con: Console) -> None:
         con.print(f"imported {len(res.added)} entries from {bundle}: {', '.join(res.added) or '-'}")
         if res.present:
             con.print(f"  already present (same code): {', '.join(res.present)}")
+        if res.unchecked:
+            con.print(f"  evidence naming verdicts this store does not hold (kept, not checked): "
+                      f"{', '.join(res.unchecked)}")  # fmt: skip
 
     emit(c, data, render)
 

@@ -240,3 +240,38 @@ def test_restock_refuses_a_delta_that_no_longer_applies(bundle, toy_stock):
     with pytest.raises(SpecPilotError, match="does not apply"):
         restock_bundle(bundle, lambda engine: [toy_stock])
     assert (bundle / "bundle.json").read_text() == before
+
+
+def _verdict(memory: Memory, approved: bool, gain: float, lower_bound: float):
+    from specpilot.memory_store import records
+
+    return records.add_verdict(
+        memory.db, deployment="toy-dep", run_id=None, baseline_tree="a" * 40, candidate_tree="b" * 40,
+        approved=approved, changes_output=False, gain=gain, lower_bound=lower_bound, sigma=0.01,
+        threshold=0.03, unit="blocks", reasons=["lower bound -0.90% does not exceed 3.00%"], evidence={},
+    )  # fmt: skip
+
+
+def test_evidence_must_be_the_verdict_it_names(memory, bundle):
+    """An entry whose evidence was edited after the verdict (a rejection turned into an approval,
+    a gain raised) is refused at import; evidence naming a verdict held elsewhere is kept, unchecked."""
+    v = _verdict(memory, approved=False, gain=1.0123, lower_bound=0.9911)
+    honest = {
+        "deployment": "toy-dep",
+        "gain": 1.0123,
+        "lower_bound": 0.9911,
+        "approved": False,
+        "verdict": v.id,
+    }
+    forged = honest | {"approved": True, "gain": 1.31}
+    _corrupt(bundle, lambda d: d["entries"][0].update(evidence=[forged]))
+    with pytest.raises(SpecPilotError) as err:
+        import_bundle(memory, bundle)
+    assert (f"entry 'fast-step', evidence item 0 (verdict {v.id[:8]}): says approved, the verdict was "
+            "rejected (and 1 more)") in str(err.value)  # fmt: skip
+    assert memory.entries() == []
+    elsewhere = {"deployment": "toy-dep", "gain": 1.2, "verdict": "0a1b2c3d-0000-4000-8000-000000000000"}
+    _corrupt(bundle, lambda d: d["entries"][0].update(evidence=[honest, elsewhere]))
+    res = import_bundle(memory, bundle)
+    assert res.unchecked == ["fast-step: 0a1b2c3d"]
+    assert memory.get("fast-step").evidence == [honest, elsewhere]
