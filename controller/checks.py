@@ -8,7 +8,8 @@ Each finding is an integrity violation: the comparison gets no approval, and the
   work on something else than the requests — or precomputed answers).
 - It produced tokens without computing them: on a CPU slot where the baseline computes (at least
   half a CPU-second per second of serving), its CPU time per second of serving is far below the
-  baseline's on the same requests (a system that paces out answers it already has sleeps). On a
+  baseline's on the same requests while it serves them faster (a system that paces out answers it
+  already has sleeps; one that sleeps and is slower is judged slower, not a cheat). On a
   GPU the CPU time says little of the work; GPU time per token is not accounted yet.
 - The baseline ran slower than its own record on the same requests (beside the candidate: the
   candidate slowed it, by design or by using a shared resource such as memory bandwidth, and the
@@ -54,7 +55,7 @@ def violations(run: PairedRun) -> list[str]:
         on_cpu = all(s.kind == "cpu" for s in period.slots.values())
         if on_cpu and wall["A"] > 1 and wall["B"] > 1:
             ua, ub = busy["A"] / wall["A"], busy["B"] / wall["B"]
-            if ua >= COMPUTE_BOUND and ub < WORK_FLOOR * ua:
+            if ua >= COMPUTE_BOUND and ub < WORK_FLOOR * ua and wall["B"] < wall["A"]:
                 out.append(f"system B used {ub:.2f} CPU-s per second of serving against the baseline's {ua:.2f}: "
                            "tokens without compute")  # fmt: skip
     return sorted(set(out), key=out.index)
