@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +36,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", default="speed,round,seal,aa")
     ap.add_argument("--aa", type=int, default=10)
+    ap.add_argument(
+        "--speed-repeats", type=int, default=1, help="serve the speed step's prompts this many times"
+    )
     ap.add_argument("--budget-s", type=float, default=540)
     args = ap.parse_args()
     t_start = time.monotonic()
@@ -58,7 +62,7 @@ def main() -> None:
         folder = weights_folder(dep, home)
         t = time.monotonic()
         proc = subprocess.run([sys.executable, str(ROOT / "bench" / "refspec_cuda.py"), "--model", str(folder),
-                               "--requests", str(req), "--prompts", "12", "--tokens", str(dep.workload.max_new_tokens),
+                               "--requests", str(req), "--prompts", "12", "--tokens", str(dep.workload.max_new_tokens), "--repeats", str(args.speed_repeats),
                                "--json", str(args.out / "refspec_cuda_smollm_h200.json")],
                               capture_output=True, text=True, timeout=max(60, left()))  # fmt: skip
         print(proc.stdout[-3000:], proc.stderr[-2000:], flush=True)
@@ -107,25 +111,37 @@ def main() -> None:
     print(json.dumps({k: v for k, v in res.items() if k not in ("seal_check_tail", "aa_rows")}, indent=1))
 
 
-def aa(dep, home, res: dict, args, left, save) -> None:
-    """Stock against a copy of stock differing by one comment (another tree hash), sequential."""
+def aa_copy(dep, home) -> str:
+    """Phase 0 (if not run) and `cand/aa-copy`: stock with one comment added (another tree hash)."""
     from specpilot import controller
     from specpilot.memory_store import connect, records
     from specpilot.memory_store.workspace import Workspace
 
     ws, _ = Workspace.init(home, dep)
-    db = connect(home)
-    if records.get_state(db, dep.name, "phase0") is None:
+    if records.get_state(connect(home), dep.name, "phase0") is None:
         controller.run_phase0(dep, home)
     if "cand/aa-copy" not in ws.branches():
         wt = ws.add_worktree("aa-copy", "stock")
         gen = wt / "refspec" / "generate.py"
         gen.write_text(gen.read_text() + "\n# A/A copy: the same system under another tree hash.\n")
         ws.commit_worktree(wt, "A/A copy of stock")
+    return "cand/aa-copy"
+
+
+def aa(dep, home, res: dict, args, left, save) -> None:
+    """Stock against a copy of stock differing by one comment (another tree hash), sequential."""
+    from specpilot import controller
+    from specpilot.memory_store import connect, records
+
+    db = connect(home)
+    aa_copy(dep, home)
     rows = res.setdefault("aa_rows", [])
     while len(rows) < args.aa and left() > 45:
         t = time.monotonic()
         ev = controller.compare(dep, home, "stock", "cand/aa-copy")
+        raw = Path(ev.evidence.get("raw", ""))
+        if raw.is_file():  # per request: send/done times and every token's arrival, for the noise study
+            shutil.copy(raw, args.out / f"aa-{len(rows) + 1}.jsonl")
         rows.append({"gain": ev.gain, "lower_bound": ev.lower_bound, "approved": ev.approved, "threshold": ev.threshold,
                      "sigma": ev.sigma, "blocks": ev.evidence.get("n"), "seconds": time.monotonic() - t,
                      "reasons": ev.reasons})  # fmt: skip

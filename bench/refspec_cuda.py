@@ -31,6 +31,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--rows", default="1,2,5,9,16,17,33,65")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="serve the prompts this many times (per-request spread)"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -62,7 +65,7 @@ def main() -> None:
     outputs: dict[str, list[list[int]]] = {}
     for mode in ("ar", "spec"):
         per, steps, toks = [], 0, []
-        for p in prompts:
+        for p in prompts * args.repeats:
             sync()
             t = time.perf_counter()
             chunks = list(engine.generate(p, args.tokens, mode))
@@ -70,10 +73,13 @@ def main() -> None:
             per.append(time.perf_counter() - t)
             steps += engine.stats.steps
             toks.append([x for c in chunks for x in c])
-        outputs[mode] = toks
-        total = sum(per)
-        out[mode] = {"ms_per_token": 1e3 * total / (len(prompts) * args.tokens), "steps": steps,
-                     "tau": len(prompts) * args.tokens / steps, "per_request_s": per}  # fmt: skip
+        outputs[mode] = toks[: len(prompts)]
+        n = len(per)
+        out[mode] = {"ms_per_token": 1e3 * sum(per) / (n * args.tokens), "steps": steps,
+                     "tau": n * args.tokens / steps, "per_request_s": per}  # fmt: skip
+        if args.repeats > 1:  # each request's spread over its repeats (relative sd of its time)
+            by = [per[i :: len(prompts)] for i in range(len(prompts))]
+            out[mode]["request_rel_sd"] = [statistics.stdev(x) / statistics.mean(x) for x in by]
     out["spec_speedup_over_ar"] = out["ar"]["ms_per_token"] / out["spec"]["ms_per_token"]
     out["spec_equals_ar"] = sum(a == b for a, b in zip(outputs["ar"], outputs["spec"], strict=True))
     # Decode steps alone (no prefill): one-row passes at the first prompt's context.

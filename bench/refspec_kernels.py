@@ -1,6 +1,7 @@
 """Tile sweep of refspec's fused CUDA kernels, and where a verification pass's time goes.
 
     python bench/refspec_kernels.py --json OUT [--context 300] [--rows 16]
+    python bench/refspec_kernels.py --json OUT --pass-sweep 2 --rows 1 --context 264
 
 On random weights of SmolLM2-135M's shapes (a kernel's time does not depend on the values): each
 kernel of a layer timed alone for every candidate tile config (a CUDA graph of 30 back-to-back
@@ -39,6 +40,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--best", type=Path, help="take the best configs from an earlier sweep's JSON (no sweep)")
+    ap.add_argument(
+        "--pass-sweep",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="instead: coordinate descent on the whole pass's graph replay (cold weights), ROUNDS rounds",
+    )
+    ap.add_argument("--budget-s", type=float, default=400)
     args = ap.parse_args()
 
     import torch
@@ -95,6 +104,12 @@ def main() -> None:
         return statistics.median(ts)
 
     out: dict = {"device": torch.cuda.get_device_name(0), "context": ctx, "rows": R, "sweep": {}, "best": {}}
+    if args.pass_sweep:
+        out |= pass_sweep(m, R, args.pass_sweep, args.budget_s)
+        print(json.dumps({k: out[k] for k in ("pass_ms_shipped", "pass_ms_best", "best")}, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1))
+        return
     if args.best:
         out["best"] = json.loads(args.best.read_text())["best"]
     for fam, configs in ({} if args.best else GRID).items():
@@ -153,6 +168,75 @@ def main() -> None:
     print(json.dumps(dict(itertools.islice(out["profile_us_per_pass"].items(), 10)), indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
+
+
+# Values each parameter may take in the pass sweep (a config Triton cannot build is skipped).
+PARAM_VALUES = {"BK": (64, 128, 256, 512), "BN": (16, 32, 64), "BH": (16, 32), "num_warps": (1, 2, 4, 8),
+                "num_stages": (1, 2, 3, 4)}  # fmt: skip
+FAMILY_VALUES = {"ATTN": {"BN": (32, 64, 128)}, "HEAD": {"BN": (64, 128, 256)}}
+
+
+def pass_sweep(m, R: int, rounds: int, budget_s: float) -> dict:
+    """Coordinate descent over the kernels' tile configs, judged on what the engine runs: the whole
+    pass captured as one graph (30 layers, so every weight comes from HBM as in decoding), replayed;
+    median of 40 replays. One parameter of one family moves at a time; a move is kept when the pass
+    gets faster by more than 1%."""
+    import time
+
+    import torch
+    from refspec import cuda_graphs as G
+
+    t0 = time.monotonic()
+
+    def pass_ms() -> float:
+        m.graphs.clear()
+        m.capture(R)
+        g = m.graphs[(G.bucket(R), False)]
+        ts = []
+        for _ in range(40):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            g.replay()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e))
+        return statistics.median(ts)
+
+    fams = ("QKV", "ATTN", "LIN_O", "LIN_DOWN", "GATE_UP", "HEAD")
+    shipped = {f: dict(getattr(G, f)) for f in fams}
+    best_ms = pass_ms()
+    out = {"pass_ms_shipped": best_ms, "moves": []}
+    for rnd in range(rounds):
+        moved = False
+        for fam in fams:
+            cfg = getattr(G, fam)
+            for param in list(cfg):
+                for v in FAMILY_VALUES.get(fam, {}).get(param, PARAM_VALUES.get(param, ())):
+                    if v == cfg[param] or time.monotonic() - t0 > budget_s:
+                        continue
+                    if fam in ("LIN_O", "LIN_DOWN") and param == "BN" and m.args.hidden % v:
+                        continue
+                    old = cfg[param]
+                    cfg[param] = v
+                    try:
+                        ms = pass_ms()
+                    except Exception as e:  # noqa: BLE001 - a config Triton cannot build (registers, shared memory)
+                        out["moves"].append({"family": fam, param: v, "error": str(e).splitlines()[0][:160]})
+                        cfg[param] = old
+                        continue
+                    out["moves"].append({"round": rnd, "family": fam, param: v, "pass_ms": ms})
+                    if ms < 0.99 * best_ms:
+                        best_ms, moved = ms, True
+                        print(f"round {rnd} {fam} {param}={v}: {ms:.4f} ms", flush=True)
+                    else:
+                        cfg[param] = old
+        if not moved:
+            break
+    out["best"] = {f: dict(getattr(G, f)) for f in fams}
+    out["pass_ms_best"] = pass_ms()
+    out["shipped"] = shipped
+    out["sweep_s"] = time.monotonic() - t0
+    return out
 
 
 def variants(m, R: int, ctx: int, pass_ms) -> dict:
