@@ -3,12 +3,11 @@
     python bench/gpu_noise.py --out DIR [--blocks 4] [--repeats 2] [--budget-s 300]
 
 Run after `source bench/gpu_env.sh` on the lent H200 (as bench/gpu_round.py). Variants, in turn,
-`--repeats` times each (so drift over the run falls on every variant alike):
-- floating: the GPU systems' host side left to the scheduler (the controller before host cores);
-- host-core: each system on its GPU slot's host core, the controller's threads off it;
-- host-core-no-watch: as host-core, without the controller's NVML watch (what the watch costs).
-Per comparison (fixed blocks, no audit): the block gains, the spread of per-request log ratios,
-and the median step time (inter-arrival of a system's token lines) of every turn.
+`--repeats` times each (so drift over the run falls on every variant alike): with the controller's
+NVML watch, and without it (what the watch costs). Per comparison (fixed blocks, no audit): the
+block gains, the spread of per-request log ratios, and the median step time (inter-arrival of a
+system's token lines) of every turn. (At commit 503b529 a third variant put the GPU systems' host
+side on a core of its own: no difference at this noise, so it was removed; docs/BENCHMARKS.md.)
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-VARIANTS = {"floating": (False, True), "host-core": (True, True), "host-core-no-watch": (True, False)}
+VARIANTS = {"watch": True, "no-watch": False}
 
 
 def turns_of(raw: Path) -> dict:
@@ -62,25 +61,24 @@ def main() -> None:
     from gpu_round import DEP, aa_copy
 
     from specpilot import controller
-    from specpilot.controller import paired, slots
+    from specpilot.controller import paired
     from specpilot.deployments import Home, load_deployment
 
     home = Home.resolve()
     dep = load_deployment(DEP, home)
     cand = aa_copy(dep, home)
     watch = paired.watch_for
-    res: dict = {"blocks": args.blocks, "controller_cores": sorted(slots.CONTROLLER_CORES), "runs": []}
+    res: dict = {"blocks": args.blocks, "runs": []}
     for rep in range(args.repeats):
-        for name, (host, watched) in VARIANTS.items():
+        for name, watched in VARIANTS.items():
             if time.monotonic() - t0 > args.budget_s:
                 break
-            slots.HOST_CORES = host
             paired.watch_for = watch if watched else (lambda _slot: None)
             t = time.monotonic()
             ev = controller.compare(dep, home, "stock", cand, blocks=args.blocks, audit_output=False)
             raw = Path(ev.evidence["raw"])
             row = {"variant": name, "repeat": rep, "gain": ev.gain, "lower_bound": ev.lower_bound,
-                   "seconds": time.monotonic() - t, "host_core": slots.host_core(slots.Slot("cuda", 0)),
+                   "seconds": time.monotonic() - t,
                    "reasons": ev.reasons} | turns_of(raw)  # fmt: skip
             sd = statistics.stdev(row["block_log_gains"]) if len(row["block_log_gains"]) > 1 else None
             steps = row["turn_step_ms"]
@@ -90,7 +88,7 @@ def main() -> None:
             print(f"{name:20s} rep {rep}: gain {ev.gain:.4f} block sd {sd:.4f} request sd {row['request_sd']:.4f} "
                   f"turn steps {min(steps):.3f}-{max(steps):.3f} ms  {row['seconds']:.0f}s", flush=True)  # fmt: skip
             (args.out / "gpu_noise.json").write_text(json.dumps(res, indent=1))
-    slots.HOST_CORES, paired.watch_for = True, watch
+    paired.watch_for = watch
 
 
 if __name__ == "__main__":

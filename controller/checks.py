@@ -1,8 +1,8 @@
 """What a system did besides answering, read from the controller's own accounting of a paired run.
 
 Each finding is an integrity violation: the comparison gets no approval, and the reason is named.
-- It left its core (a CPU slot's, or a GPU slot's host core): its CPU time exceeds what one core
-  gives (where no cpuset confines it, also a changed affinity).
+- It left its core: its CPU time exceeds what one core gives (where no cpuset confines it, also a
+  changed affinity).
 - It worked before the timed window: it took far longer than the baseline to report ready (the
   controller sends requests only after ready, over the protocol, so work done then can only be
   work on something else than the requests — or precomputed answers).
@@ -22,7 +22,6 @@ from __future__ import annotations
 import statistics
 
 from .paired import PairedRun
-from .slots import host_core
 
 CPU_SHARE_LIMIT = 1.05  # CPU seconds per wall second a one-core system may use (accounting slack)
 READY_FACTOR, READY_SLACK_S = 1.5, 5.0  # B may take this much longer than A to be ready
@@ -37,10 +36,9 @@ def violations(run: PairedRun) -> list[str]:
     for period in run.periods:
         for label, u in period.usage.items():
             slot = period.slots[label]
-            core = host_core(slot)  # a CPU slot's core or a GPU slot's host core
-            if core is None:
+            if slot.kind != "cpu":
                 continue
-            if not u.get("cpuset") and u.get("cores") not in (None, str(core)):
+            if not u.get("cpuset") and u.get("cores") not in (None, str(slot.index)):
                 out.append(f"system {label} changed its CPU affinity on {slot} to {u['cores']}")
             if u["wall_s"] > 5 and u["cpu_s"] > CPU_SHARE_LIMIT * u["wall_s"]:
                 out.append(f"system {label} used {u['cpu_s']:.1f} CPU-s in {u['wall_s']:.1f} s on one core")

@@ -27,7 +27,7 @@ from pathlib import Path
 from .engine import EngineAdapter, Request, RequestResult, SystemFailed
 from .gpu_load import watch_for
 from .load import core_times, foreign_load
-from .slots import Slot, host_core, host_cores, keep_off
+from .slots import Slot
 from .stats import PairSpeeds, RequestSpeeds
 from .systems import SystemTree
 
@@ -97,9 +97,7 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
     labels = list(turn)
     for label, system in systems.items():
         system.pause(label not in turn)
-    # Each label's core: a CPU slot's, or a GPU slot's host core (the controller keeps off it, so
-    # all of its busy time but the system's is foreign: harness 0 there).
-    cores = {lb: c for lb in labels if (c := host_core(slots[lb])) is not None}
+    cores = {lb: slots[lb].index for lb in labels if slots[lb].kind == "cpu"}
     watches = {lb: w for lb in labels if (w := watch_for(slots[lb])) is not None}
     ours = {pid for s in systems.values() for pid in s.pids()}
     for w in watches.values():
@@ -128,7 +126,7 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
     for lb, c in cores.items():
         if c in cores0 and c in cores1:
             stats.load[lb] = ld = foreign_load(cores0[c], cores1[c], cpu[lb], wall, harness)
-            if ld["disturbed"] and slots[lb].kind == "cpu":
+            if ld["disturbed"]:
                 stats.disturbances.append(
                     f"other load on {slots[lb]}: {ld['foreign_share']:.0%} of the turn went to something besides "
                     f"system {lb}")  # fmt: skip
@@ -153,16 +151,14 @@ def run_period(
             tree.tree, tree.path, slots[label], logs / f"prepare-{label}-{tree.tree[:12]}.log", label
         )
     systems: dict = {}
-    reserved = set().union(*(host_cores(s) or () for s in slots.values()))
     try:
-        with keep_off(reserved):  # GPU slots' host cores are the systems' alone
-            for label, tree in trees.items():
-                slot = slots[label]
-                systems[label] = adapter.start(tree.tree, tree.path, slot, logs / f"{tag}-{label}-{slot.kind}{slot.index}.log",
-                                               label)  # fmt: skip
-            ready = {label: system.wait_ready() for label, system in systems.items()}
-            results: dict[str, dict[str, RequestResult]] = {label: {} for label in systems}
-            turns = [_serve_turn(systems, slots, turn, results) for turn in schedule]
+        for label, tree in trees.items():
+            slot = slots[label]
+            systems[label] = adapter.start(tree.tree, tree.path, slot, logs / f"{tag}-{label}-{slot.kind}{slot.index}.log",
+                                           label)  # fmt: skip
+        ready = {label: system.wait_ready() for label, system in systems.items()}
+        results: dict[str, dict[str, RequestResult]] = {label: {} for label in systems}
+        turns = [_serve_turn(systems, slots, turn, results) for turn in schedule]
         usage = {label: s.usage() | {"ready_s": ready[label].get("_ready_s")} for label, s in systems.items()}
         return PeriodResult(results, dict(slots), usage, turns)
     finally:

@@ -22,7 +22,7 @@ from specpilot.deployments.stock import import_refspec
 
 from .confine import CACHE, SYSTEM, confine, hand_to, take_back
 from .engine import JsonLinesSystem, LineProcess
-from .slots import Slot, host_core
+from .slots import Slot
 
 PREPARED = ".prepared"  # marker the controller writes into a compile cache once its prepare run passed
 
@@ -106,9 +106,9 @@ class RefspecAdapter:
             if var in os.environ:
                 env[var] = os.environ[var]
         binds = [(weights, inside, "ro"), (cc, f"{CACHE}/compile", "rw" if prepare else "ro")]
-        core = host_core(slot)  # a CPU slot's core, or a GPU slot's host core (None: it floats)
-        cpus = {core} if core is not None else None
+        cpus = {slot.index} if slot.kind == "cpu" else None
         launch = confine(cmd, role=role, tree=path, binds=binds, home=self.home, env=env, cpus=cpus)
+        core = slot.index if slot.kind == "cpu" else None
         return JsonLinesSystem(LineProcess(launch, cwd=path, log=log, cpu_core=core))
 
     def prepare(self, tree: str, path: Path, slot: Slot, log: Path, role: str) -> float | None:

@@ -10,7 +10,7 @@ import fcntl
 import os
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,68 +87,3 @@ def lease(home: Home, slots: Sequence[Slot], timeout_s: float = 3600.0) -> Itera
 
 def lock_path(home: Home, slot: Slot) -> Path:
     return home.root / "locks" / f"slot-{slot.kind}-{slot.index}.lock"
-
-
-# -- host cores of GPU slots ------------------------------------------------------------------------
-# A GPU system's host side (Python, graph launches, the drafter) is on the critical path of every
-# step: left to the scheduler it migrates, shares a core with the controller's threads or with
-# another process, and a turn's steps vary by 20% (measured on an H200: 1.31-1.61 ms per step
-# between turns of one process). Each GPU slot therefore gets one physical core of its own for the
-# systems that run on it (both systems of a one-GPU comparison: they take turns, the idle one
-# frozen), and the controller's threads keep off it while systems run.
-CONTROLLER_CORES = frozenset(os.sched_getaffinity(0))  # what this process may use, as it started
-HOST_CORES = True  # False: GPU systems float over every core (for the noise study in bench/gpu_noise.py)
-
-
-def _physical_cores(cores: frozenset[int]) -> list[frozenset[int]]:
-    """The cores grouped by physical core (SMT siblings together), in order of their first id."""
-    groups: dict[frozenset[int], None] = {}
-    for c in sorted(cores):
-        try:
-            text = Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list").read_text()
-            sib = set()
-            for part in text.strip().split(","):
-                lo, _, hi = part.partition("-")
-                sib |= set(range(int(lo), int(hi or lo) + 1))
-        except (OSError, ValueError):
-            sib = {c}
-        groups[frozenset(sib & cores) or frozenset({c})] = None
-    return list(groups)
-
-
-def host_cores(slot: Slot) -> frozenset[int] | None:
-    """The physical core (its logical cores) reserved for the systems on GPU slot `slot`: cuda:N
-    takes the (N+1)-th from the top of the controller's cores. None for a CPU slot, with HOST_CORES
-    off, or where fewer than N + 3 physical cores are there (the controller keeps two)."""
-    if slot.kind != "cuda" or not HOST_CORES:
-        return None
-    phys = _physical_cores(CONTROLLER_CORES)
-    if len(phys) < slot.index + 3:
-        return None
-    return phys[-1 - slot.index]
-
-
-def host_core(slot: Slot) -> int | None:
-    """The one core a system on `slot` runs on: the CPU slot's own, or a GPU slot's host core."""
-    if slot.kind == "cpu":
-        return slot.index
-    cores = host_cores(slot)
-    return min(cores) if cores else None
-
-
-@contextmanager
-def keep_off(cores: set[int]) -> Iterator[None]:
-    """Move every thread of this process off `cores` (threads started inside inherit it) and back."""
-    if not cores or not (rest := set(CONTROLLER_CORES) - cores):
-        yield
-        return
-    tids = [int(t) for t in os.listdir("/proc/self/task")]
-    for tid in tids:
-        with suppress(OSError):
-            os.sched_setaffinity(tid, rest)
-    try:
-        yield
-    finally:
-        for tid in [int(t) for t in os.listdir("/proc/self/task")]:
-            with suppress(OSError):
-                os.sched_setaffinity(tid, CONTROLLER_CORES)
