@@ -23,14 +23,15 @@ from .model import PREFILL_CHUNK, ModelArgs
 
 BM = 16  # rows per tile in every kernel (and the bucket step)
 ROWS = PREFILL_CHUNK  # the most rows of a pass: a prefill chunk, or a verification pass's bucket
-# Tile shapes and launch settings: fixed, so a shape always runs the same reduction order. These
-# measured 1.34 ms per one-row pass of SmolLM2-135M at context 264 on an H200 (bench/results/
-# refspec_cuda_h200_random_2026-12-01_call1.json); the L2-hot sweep's picks ran slower in the pass.
-QKV = {"BH": 16, "BK": 64, "num_warps": 4, "num_stages": 2}
-ATTN = {"BN": 64, "num_warps": 4, "num_stages": 2}
-LIN_O = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 3}
-LIN_DOWN = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 3}
-GATE_UP = {"BN": 32, "BK": 64, "num_warps": 4, "num_stages": 2}
+# Tile shapes and launch settings: fixed, so a shape always runs the same reduction order. Picked
+# by a whole-pass sweep on an H200 (bench/refspec_kernels.py --pass-sweep; wide K tiles, 3-4 stages:
+# each program keeps more weight bytes in flight): a one-row pass of SmolLM2-135M in the engine went
+# from 1.34 to 1.05 ms (bench/results/refspec_cuda_smollm_h200_2026-12-01_tiles.json).
+QKV = {"BH": 16, "BK": 256, "num_warps": 4, "num_stages": 4}
+ATTN = {"BN": 128, "num_warps": 2, "num_stages": 3}
+LIN_O = {"BN": 16, "BK": 128, "num_warps": 4, "num_stages": 3}
+LIN_DOWN = {"BN": 16, "BK": 256, "num_warps": 4, "num_stages": 3}
+GATE_UP = {"BN": 32, "BK": 256, "num_warps": 4, "num_stages": 3}
 HEAD = {"BN": 128, "BK": 64, "num_warps": 4, "num_stages": 2}
 
 
