@@ -5,10 +5,12 @@ Two designs, by the number of device slots:
   concurrently with the same request stream, in the other the slots are swapped, so a slot's own
   speed cancels (d_i of stats.RequestSpeeds). Which arrangement comes first is drawn per block.
 - **interleaved** (one slot): both systems are loaded on it and take turns, one generating while the
-  other is frozen, in ABBA order: X serves half 1 of the requests, then Y serves it, then Y serves
-  half 2, then X (X, Y drawn per block). Each system serves each request once per process, so
-  nothing it keeps from one turn helps it in another, and a linear drift in the machine's speed
-  hits both systems alike over the block (d_i of stats.PairSpeeds).
+  other is frozen, a request at a time in ABBA order: X serves request 1, then Y, then Y serves
+  request 2, then X, and so on (X, Y drawn per block). Each system serves each request once per
+  process, so nothing it keeps from one turn helps it in another; a request's two runs are one
+  request apart, and a drift in the device's speed cancels pair by pair (d_i of stats.PairSpeeds).
+  (Turns of half the requests each left a request's runs ~0.6 s apart on an H200, and the speed
+  moved by up to 10% over that.)
 Warm-up requests are served first and discarded. Every timestamp is the controller's; every line
 is written to the raw file. What each system did besides answering (its CPU time, how long it took
 to be ready, other load on its core or GPU) is kept per turn for the checks in checks.py.
@@ -225,14 +227,14 @@ def paired_run(
 
 
 def _interleaved_period(adapter, trees, slot, warm, measured, logs, b, rng, progress) -> PeriodResult:
-    """One block of the one-slot design: both loaded, turns X h1, Y h1, Y h2, X h2 (X, Y drawn)."""
+    """One block of the one-slot design: both loaded, warm-up turns X, Y, then a turn per request
+    in ABBA order — X r1, Y r1, Y r2, X r2, X r3, ... (X, Y drawn)."""
     x, y = rng.sample(["A", "B"], 2)
-    half = (len(measured) + 1) // 2
-    h1, h2 = measured[:half], measured[half:]
-    progress(f"block {b + 1}: {x}, {y}, {y}, {x} taking turns on {slot}")
-    schedule: list[Turn] = [{x: warm}, {y: warm}, {x: h1}, {y: h1}] if warm else [{x: h1}, {y: h1}]
-    if h2:
-        schedule += [{y: h2}, {x: h2}]
+    progress(f"block {b + 1}: {x} and {y} taking turns on {slot}, a request at a time")
+    schedule: list[Turn] = [{x: warm}, {y: warm}] if warm else []
+    for i, req in enumerate(measured):
+        first, second = (x, y) if i % 2 == 0 else (y, x)
+        schedule += [{first: [req]}, {second: [req]}]
     return run_period(adapter, trees, {"A": slot, "B": slot}, schedule, logs, f"b{b}")
 
 

@@ -5,8 +5,8 @@ independent, while requests served by the same processes are not. Per request i 
 
 - swapped design (two slots, `RequestSpeeds`):  d_i = ½ [log(v_B,s1 / v_A,s0) + log(v_B,s0 / v_A,s1)]
   where v is output speed on the controller's clock; a slot k times faster cancels;
-- interleaved design (one slot, `PairSpeeds`):  d_i = log(v_B / v_A), the turns in ABBA order, so a
-  linear drift cancels over the block.
+- interleaved design (one slot, `PairSpeeds`):  d_i = log(v_B / v_A), a turn per request in ABBA
+  order, so a request's two runs are adjacent and a linear drift cancels over each two requests.
 
 A block's log gain is mean_i d_i. Stock noise σ is the standard error of the gain stock gets
 against itself (A/A) in the same design, from the block log gains of every A/A comparison of the
