@@ -93,15 +93,7 @@ def main() -> None:
                 fn()
         g.replay()
         torch.cuda.synchronize()
-        ts = []
-        for _ in range(9):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g.replay()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e) * 1e3 / 30)
-        return statistics.median(ts)
+        return 1e3 * replay_ms(g, 9, per=30)
 
     out: dict = {"device": torch.cuda.get_device_name(0), "context": ctx, "rows": R, "sweep": {}, "best": {}}
     if args.pass_sweep:
@@ -131,26 +123,11 @@ def main() -> None:
         out["best"][fam] = {"config": best["config"], "us": best["us"], "default_us": base}
         print(f"{fam:9s} best {best['us']:6.2f} us {best['config']}  (current {base})", flush=True)
 
-    def pass_ms(n: int = 30) -> float:
-        m.graphs.clear()
-        m.capture(R)
-        m.start.fill_(ctx)  # capture leaves `start` at the scratch slots past the capacity (context ~4k)
-        g = m.graphs[(R, False)]
-        ts = []
-        for _ in range(n):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g.replay()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e))
-        return statistics.median(ts)
-
-    out["pass_ms_current"] = pass_ms()
+    out["pass_ms_current"] = pass_ms(m, R, ctx)
     for fam in GRID:
         getattr(G, fam).clear()
         getattr(G, fam).update(out["best"][fam]["config"])
-    out["pass_ms_best"] = pass_ms()
+    out["pass_ms_best"] = pass_ms(m, R, ctx)
     from torch.profiler import ProfilerActivity, profile
 
     m.eager = True
@@ -164,11 +141,46 @@ def main() -> None:
             per[e.name] = per.get(e.name, 0.0) + e.time_range.elapsed_us() / 5
     out["profile_us_per_pass"] = dict(sorted(per.items(), key=lambda kv: -kv[1]))
     m.eager = False
-    out["variants"] = variants(m, R, ctx, pass_ms)
+    out["variants"] = variants(m, R, ctx)
     print(json.dumps({k: out[k] for k in ("pass_ms_current", "pass_ms_best", "best")}, indent=1))
     print(json.dumps(dict(itertools.islice(out["profile_us_per_pass"].items(), 10)), indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
+
+
+def replay_ms(g, n: int, per: int = 1) -> float:
+    """Median time of one replay of CUDA graph `g` over `n` timed replays (ms), divided by `per`."""
+    import torch
+
+    ts = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) / per)
+    return statistics.median(ts)
+
+
+def pass_ms(m, R: int, ctx: int, n: int = 30, warm_s: float = 0.3) -> float:
+    """The whole pass of R rows at context `ctx`, captured afresh (the current tile configs) and
+    replayed: `warm_s` seconds of replays first (the GPU idles at 345 MHz while Triton compiles),
+    then the median of `n`."""
+    import time
+
+    import torch
+    from refspec import cuda_graphs as G
+
+    m.graphs.clear()
+    m.capture(R)
+    m.start.fill_(ctx)  # capture leaves `start` at the scratch slots past the capacity (context ~4k)
+    g = m.graphs[(G.bucket(R), False)]
+    warm = time.monotonic() + warm_s
+    while time.monotonic() < warm:
+        g.replay()
+    torch.cuda.synchronize()
+    return replay_ms(g, n)
 
 
 # Values each parameter may take in the pass sweep (a config Triton cannot build is skipped).
@@ -180,33 +192,17 @@ FAMILY_VALUES = {"ATTN": {"BN": (32, 64, 128)}, "HEAD": {"BN": (64, 128, 256)}}
 def pass_sweep(m, R: int, ctx: int, rounds: int, budget_s: float) -> dict:
     """Coordinate descent over the kernels' tile configs, judged on what the engine runs: the whole
     pass captured as one graph (30 layers, so every weight comes from HBM as in decoding), replayed;
-    median of 40 replays. One parameter of one family moves at a time; a move is kept when the pass
+    median of 40 replays after 0.3 s of them (pass_ms). One parameter of one family moves at a time; a move is kept when the pass
     gets faster by more than 1%."""
     import time
 
-    import torch
     from refspec import cuda_graphs as G
 
     t0 = time.monotonic()
 
-    def pass_ms() -> float:
-        m.graphs.clear()
-        m.capture(R)
-        m.start.fill_(ctx)  # capture leaves `start` at the scratch slots past the capacity (context ~4k)
-        g = m.graphs[(G.bucket(R), False)]
-        ts = []
-        for _ in range(40):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g.replay()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e))
-        return statistics.median(ts)
-
     fams = ("QKV", "ATTN", "LIN_O", "LIN_DOWN", "GATE_UP", "HEAD")
     shipped = {f: dict(getattr(G, f)) for f in fams}
-    best_ms = pass_ms()
+    best_ms = pass_ms(m, R, ctx, n=40)
     out = {"pass_ms_shipped": best_ms, "moves": []}
     for rnd in range(rounds):
         moved = False
@@ -221,7 +217,7 @@ def pass_sweep(m, R: int, ctx: int, rounds: int, budget_s: float) -> dict:
                     old = cfg[param]
                     cfg[param] = v
                     try:
-                        ms = pass_ms()
+                        ms = pass_ms(m, R, ctx, n=40)
                     except Exception as e:  # noqa: BLE001 - a config Triton cannot build (registers, shared memory)
                         out["moves"].append({"family": fam, param: v, "error": str(e).splitlines()[0][:160]})
                         cfg[param] = old
@@ -235,13 +231,13 @@ def pass_sweep(m, R: int, ctx: int, rounds: int, budget_s: float) -> dict:
         if not moved:
             break
     out["best"] = {f: dict(getattr(G, f)) for f in fams}
-    out["pass_ms_best"] = pass_ms()
+    out["pass_ms_best"] = pass_ms(m, R, ctx, n=40)
     out["shipped"] = shipped
     out["sweep_s"] = time.monotonic() - t0
     return out
 
 
-def variants(m, R: int, ctx: int, pass_ms) -> dict:
+def variants(m, R: int, ctx: int) -> dict:
     """The reduction loops as plain loops (as shipped) and unrolled (a copy of the kernels with
     `range` → `static_range`), each pass's graph replay and the kernels' share of it (profiled
     inside the graph: the gaps between kernels are what the graph costs beyond them)."""
@@ -267,8 +263,8 @@ def variants(m, R: int, ctx: int, pass_ms) -> dict:
         G.K = mod
         for fam in ("QKV", "LIN_O", "LIN_DOWN", "GATE_UP", "HEAD"):
             getattr(G, fam)["num_stages"] = stages
-        ms = pass_ms()
-        g = m.graphs[(R, False)]
+        ms = pass_ms(m, R, ctx)
+        g = m.graphs[(G.bucket(R), False)]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 g.replay()
