@@ -17,7 +17,7 @@ from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.memory_store import connect, records
 
 from .adapters import adapter_for
-from .context import digest, draw_requests, slots_of, workspace
+from .context import digest, draw_requests, more_requests, slots_of, workspace
 from .engine import Request, SystemFailed
 from .forcing import AuditResult, ScoredOutput, audit
 from .paired import run_period
@@ -53,6 +53,25 @@ def audit_outputs(dep: Deployment, home: Home, db, reqs: list[Request], outputs:
         explained = {(o.id, i) for o in cand for i, t in enumerate(o.tokens)
                      if i < len(baseline.get(o.id, [])) and baseline[o.id][i] == t}  # fmt: skip
     return audit(cand, stock, float(phase0["delta"]), explained)
+
+
+def top_up(dep: Deployment, home: Home, system, reqs: list[Request], draw: dict, outputs: dict[str, list[int]],
+           logs: Path) -> tuple[list[Request], dict[str, list[int]], dict | None]:  # fmt: skip
+    """An approval's audit material: the run's requests and outputs, with fresh pool requests run
+    untimed on the first slot until they hold `controller.audit_positions` output positions (a
+    defect that changes one request in two shows in none of a period's four about 6% of the time).
+    (requests, outputs, the added requests' draw or None)."""
+    need = dep.controller.audit_positions - sum(len(t) for t in outputs.values())
+    if need <= 0:
+        return reqs, outputs, None
+    per = max(1, round(sum(r.max_new_tokens for r in reqs) / len(reqs)))
+    extra, more = more_requests(dep, home, draw, math.ceil(need / per), len(reqs))
+    if not extra:
+        return reqs, outputs, None
+    with lease(home, slots_of(dep)[:1]) as (s0,):
+        period = run_period(adapter_for(dep, home), {"S": system}, {"S": s0}, [{"S": extra}], logs, "audit")
+    added = {r.id: period.results["S"][r.id].tokens for r in extra}
+    return reqs + extra, outputs | added, more
 
 
 def contexts(dep: Deployment, home: Home, result: AuditResult, outputs: dict[str, list[int]]) -> list[dict]:

@@ -65,6 +65,17 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None) -> tuple
     }
 
 
+def more_requests(dep: Deployment, home: Home, draw: dict, n: int, first: int) -> tuple[list[Request], dict]:
+    """`n` more pool requests outside `draw` (ids `r{first}` on), with the same neutral ids and a
+    fresh secret seed: what an approval's audit adds when a period's outputs are too few to score."""
+    seed = random.SystemRandom().getrandbits(64)
+    used = set(draw["sources"].values())
+    rest = [r for r in load_requests(pool_file(dep, home)) if r.id not in used]
+    picked = random.Random(seed).sample(rest, min(n, len(rest)))
+    reqs = [Request(f"r{first + i:02d}", r.input_ids, r.max_new_tokens) for i, r in enumerate(picked)]
+    return reqs, {"seed": seed, "sources": {q.id: r.id for q, r in zip(reqs, picked, strict=True)}}
+
+
 def protected_paths(dep: Deployment) -> list[str]:
     return ENGINE_PROTECTED.get(dep.engine, []) + list(dep.controller.protected)
 

@@ -24,7 +24,7 @@ from specpilot.memory_store import connect, records, write_tree
 
 from . import checks
 from .adapters import adapter_for
-from .audit import audit_json, audit_outputs, contexts
+from .audit import audit_json, audit_outputs, contexts, top_up
 from .context import (
     digest,
     draw_requests,
@@ -261,9 +261,15 @@ def compare(
     audit_summary: dict[str, Any] | None = None
     if audit_output and (verdict.approved or changed):  # approved on speed, or its output differs: score it
         progress("token-forcing audit")
-        result = audit_outputs(dep, home, db, reqs, run.outputs["B"], run.outputs["A"])
-        audit_summary = audit_json(result, contexts(dep, home, result, run.outputs["B"]))
-        if result.reasons:
+        outputs, audited, top = run.outputs["B"], reqs, None
+        if verdict.approved:
+            try:
+                audited, outputs, top = top_up(dep, home, candidate, reqs, draw, outputs, home.runs / run_id)
+            except SystemFailed as e:
+                fatal.append(f"audit: the candidate failed on the audit's added requests: {e}")
+        result = audit_outputs(dep, home, db, audited, outputs, run.outputs["A"])
+        audit_summary = audit_json(result, contexts(dep, home, result, outputs)) | {"top_up": top}
+        if result.reasons or fatal:
             verdict, res = _look(
                 run, quiet, state.get("k_max", len(quiet)), sd, c, True, fatal + result.reasons
             )

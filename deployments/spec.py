@@ -128,6 +128,9 @@ class ControllerSettings(_Strict):
     budget_s: float = Field(default=600.0, gt=0)  # a comparison adds blocks until decided or this long
     max_blocks: int = Field(default=40, ge=3)  # ... or this many blocks
     warmup_requests: int = Field(default=1, ge=0)
+    # An approval's audit scores at least this many output positions: the run's, topped up with
+    # fresh pool requests run untimed (a rare defect may change none of a period's few requests).
+    audit_positions: int = Field(default=1024, ge=0)
 
 
 class Deployment(_Strict):

@@ -106,7 +106,13 @@ def test_removing_a_per_step_cost_is_approved(judged):
     assert ev.gain > 1.1 and ev.lower_bound > 1 + ev.threshold
     assert not ev.changes_output and ev.evidence["design"] == "swapped"
     assert ev.evidence["n"] == 3, "a clear gain is decided at the first look"
-    assert ev.evidence["audit"]["passed"]
+    audit = ev.evidence["audit"]
+    assert audit["passed"]
+    # An approval's audit is topped up with fresh pool requests, none of them timed ones.
+    top = audit["top_up"]["sources"]
+    assert audit["positions"] >= dep.controller.audit_positions > 4 * 40
+    assert set(top) & set(ev.evidence["draw"]["sources"]) == set()
+    assert set(top.values()) & set(ev.evidence["draw"]["sources"].values()) == set()
 
 
 def test_sleep_slowed_candidate_is_rejected(judged):
@@ -140,7 +146,10 @@ def test_fake_timing_fields_gain_nothing(judged):
 
 def test_planted_defect_is_rejected_by_the_audit(judged):
     """fixtures/planted_defect.patch: a small bias added to some logits before the verify argmax,
-    on a candidate that is also faster (against a sleep-slowed baseline), so only the audit stops it."""
+    on a candidate that is also faster (against a sleep-slowed baseline), so only the audit stops it.
+
+    The defect changes about one HumanEval request in two within 40 tokens, so the run's four
+    requests show nothing ~9% of the time: the audit's top-up (≥ 1024 positions) is what sees it."""
     home, dep, ws, _ = judged
     patch = (Path(__file__).parent / "fixtures" / "planted_defect.patch").read_bytes()
     defect = _candidate(
