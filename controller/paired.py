@@ -182,10 +182,12 @@ def paired_run(
     progress: Callable[[str], None] = lambda _: None,
     check_trees: Callable[[], None] = lambda: None,
     run: PairedRun | None = None,
+    lockstep: bool = False,
 ) -> PairedRun:
     """Measure candidate B against baseline A for `blocks` more blocks (appended to `run` when
     given); every line of evidence goes to the JSONL file `raw`. `check_trees` runs around every
-    period (it re-hashes the exports)."""
+    period (it re-hashes the exports). `lockstep` (swapped design): both systems start each
+    request together and the next waits for both (False: each serves the stream at its own pace)."""
     trees = {"A": baseline, "B": candidate}
     warm, measured = list(requests[:warmup]), list(requests[warmup:])
     if not measured:
@@ -209,8 +211,12 @@ def paired_run(
                 for p, arr in enumerate(arrangements):
                     progress(f"block {b + 1}, period {p + 1}/2: A on {arr['A']}, B on {arr['B']}")
                     check_trees()
-                    periods.append(run_period(adapter, trees, arr, [{"A": warm + measured, "B": warm + measured}],
-                                              logs, f"b{b}p{p}"))  # fmt: skip
+                    schedule = (
+                        [{"A": warm, "B": warm}] * bool(warm) + [{"A": [r], "B": [r]} for r in measured]
+                        if lockstep
+                        else [{"A": warm + measured, "B": warm + measured}]
+                    )
+                    periods.append(run_period(adapter, trees, arr, schedule, logs, f"b{b}p{p}"))
             check_trees()
             for p, period in enumerate(periods):
                 _write_raw(fh, period, trees, b, p, {r.id for r in warm})
