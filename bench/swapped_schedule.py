@@ -81,7 +81,11 @@ def main() -> None:
     out = {name: summarize(run) | {"s_per_block": secs[name] / len(run.blocks),
                                    "disturbed_blocks": sum(bool(d) for d in run.block_disturbances)}
            for name, run in runs.items()}  # fmt: skip
-    out |= {"deployment": dep.name, "requests": len(reqs), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out |= {
+        "deployment": dep.name,
+        "requests": len(reqs),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
