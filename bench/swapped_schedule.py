@@ -1,13 +1,16 @@
-"""Where the swapped design's A/A noise comes from, and whether lock-step turns remove it.
+"""Where the swapped design's A/A noise comes from, and which schedule of a block removes it.
 
-    python bench/swapped_schedule.py --deployment smollm-cpu --blocks 8 [--home DIR] [--json OUT]
+    python bench/swapped_schedule.py --deployment smollm-cpu --blocks 8 [--arms free,lockstep]
+        [--home DIR] [--json OUT]
 
-Stock against a copy of stock (another tree hash, the same system), blocks alternating between the
-two schedules of a swapped period: each system serving the whole request stream at its own pace
-(`free`), or both starting every request together and the next waiting for both (`lockstep`). Per
-schedule: the spread of the per-request log speed ratio inside a period (what one request's noise
-is), the spread of period means against what independent requests would give, and the block sd
-(what the verdict's σ is made of).
+Stock against a copy of stock (another tree hash, the same system), blocks alternating between
+schedules (arms) of a swapped block: `free` (shipped: in each of the two periods each system
+serves the whole request stream at its own pace), `lockstep` (both start every request together
+and the next waits for both), `split2` (the requests cut in two parts, each served in a swapped
+pair of periods of its own: four periods, twice the processes, each living half as long). Per
+arm: the block sd (what the verdict's σ is made of), the spread of the per-request log speed ratio
+in a block against what independent requests would give, seconds per block.
+(`bench/noise_residuals.py` splits the raw files' noise further.)
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from specpilot.controller.slots import lease
 from specpilot.controller.systems import checkout
 from specpilot.deployments import Home, load_deployment
 from specpilot.memory_store.workspace import Workspace
+
+# A period's schedule: free-running, lock-step, or the requests cut into two swapped pairs of periods.
+ARMS = {"free": {}, "lockstep": {"lockstep": True}, "split2": {"splits": 2}}
 
 
 def summarize(run) -> dict:
@@ -53,6 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--deployment", default="smollm-cpu")
     ap.add_argument("--blocks", type=int, default=8, help="blocks per schedule")
+    ap.add_argument("--arms", default="free,lockstep", help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--home", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -67,14 +74,15 @@ def main() -> None:
     a = checkout(ws.repo_dir, "stock", ws.systems_cache)
     b = checkout(ws.repo_dir, "cand/aa-copy", ws.systems_cache)
     reqs, _ = draw_requests(dep, home)
-    runs, secs = {"free": None, "lockstep": None}, {"free": 0.0, "lockstep": 0.0}
+    arms = args.arms.split(",")
+    runs, secs = dict.fromkeys(arms), dict.fromkeys(arms, 0.0)
     with lease(home, slots_of(dep)) as slots:
-        for i in range(2 * args.blocks):
-            name = ["free", "lockstep"][i % 2]
+        for i in range(len(arms) * args.blocks):
+            name = arms[i % len(arms)]
             t = time.monotonic()
             runs[name] = paired_run(adapter_for(dep, home), a, b, slots, reqs, blocks=1,
                                     warmup=dep.controller.warmup_requests, raw=home.runs / f"schedule-{name}.jsonl",
-                                    seed=i, run=runs[name], lockstep=name == "lockstep")  # fmt: skip
+                                    seed=i, run=runs[name], **ARMS[name])  # fmt: skip
             secs[name] += time.monotonic() - t
             print(name, f"block {len(runs[name].blocks)}: {math.exp(st.mean(r.log_ratio() for r in runs[name].blocks[-1])):.4f}",
                   f"disturbed: {runs[name].block_disturbances[-1][:1]}", flush=True)  # fmt: skip

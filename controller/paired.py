@@ -183,11 +183,14 @@ def paired_run(
     check_trees: Callable[[], None] = lambda: None,
     run: PairedRun | None = None,
     lockstep: bool = False,
+    splits: int = 1,
 ) -> PairedRun:
     """Measure candidate B against baseline A for `blocks` more blocks (appended to `run` when
     given); every line of evidence goes to the JSONL file `raw`. `check_trees` runs around every
     period (it re-hashes the exports). `lockstep` (swapped design): both systems start each
-    request together and the next waits for both (False: each serves the stream at its own pace)."""
+    request together and the next waits for both (False: each serves the stream at its own pace).
+    `splits` (swapped design): the measured requests are cut into this many parts, each served in
+    a swapped pair of periods of its own (more, shorter-lived processes per block)."""
     trees = {"A": baseline, "B": candidate}
     warm, measured = list(requests[:warmup]), list(requests[warmup:])
     if not measured:
@@ -206,17 +209,22 @@ def paired_run(
                 ]
             else:
                 periods = []
-                arrangements = [{"A": slots[0], "B": slots[1]}, {"A": slots[1], "B": slots[0]}]
-                rng.shuffle(arrangements)
-                for p, arr in enumerate(arrangements):
-                    progress(f"block {b + 1}, period {p + 1}/2: A on {arr['A']}, B on {arr['B']}")
-                    check_trees()
-                    schedule = (
-                        [{"A": warm, "B": warm}] * bool(warm) + [{"A": [r], "B": [r]} for r in measured]
-                        if lockstep
-                        else [{"A": warm + measured, "B": warm + measured}]
-                    )
-                    periods.append(run_period(adapter, trees, arr, schedule, logs, f"b{b}p{p}"))
+                parts = [measured[i::splits] for i in range(splits)]
+                for part in parts:
+                    arrangements = [{"A": slots[0], "B": slots[1]}, {"A": slots[1], "B": slots[0]}]
+                    rng.shuffle(arrangements)
+                    for arr in arrangements:
+                        p = len(periods)
+                        progress(
+                            f"block {b + 1}, period {p + 1}/{2 * splits}: A on {arr['A']}, B on {arr['B']}"
+                        )
+                        check_trees()
+                        schedule = (
+                            [{"A": warm, "B": warm}] * bool(warm) + [{"A": [r], "B": [r]} for r in part]
+                            if lockstep
+                            else [{"A": warm + part, "B": warm + part}]
+                        )
+                        periods.append(run_period(adapter, trees, arr, schedule, logs, f"b{b}p{p}"))
             check_trees()
             for p, period in enumerate(periods):
                 _write_raw(fh, period, trees, b, p, {r.id for r in warm})
@@ -265,7 +273,7 @@ def _record_outputs(run: PairedRun, periods: list[PeriodResult], measured: Seque
     for period in periods:
         for label, res in period.results.items():
             seen = run.outputs.setdefault(label, {})
-            for req in measured:
+            for req in (r for r in measured if r.id in res):  # a period of a split block serves a part
                 tokens = res[req.id].tokens
                 if seen.setdefault(req.id, tokens) != tokens:
                     found.append(
@@ -279,7 +287,7 @@ def _block_swapped(periods: list[PeriodResult], measured: Sequence[Request], s0:
     for period in periods:
         for label, res in period.results.items():
             slot = "s0" if period.slots[label] == s0 else "s1"
-            for req in measured:
+            for req in (r for r in measured if r.id in res):
                 speed[(label, slot, req.id)] = res[req.id].speed
     return [
         RequestSpeeds(a_s0=speed[("A", "s0", r.id)], a_s1=speed[("A", "s1", r.id)],
