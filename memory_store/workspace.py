@@ -77,7 +77,7 @@ class Workspace:
 
     @staticmethod
     def exists(home: Home, name: str) -> bool:
-        return (home.workspaces / name / "repo" / ".git").is_dir()
+        return (Workspace(home.workspaces / name).repo_dir / ".git").is_dir()
 
     @classmethod
     def open(cls, home: Home, name: str) -> Workspace:
