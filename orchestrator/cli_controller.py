@@ -142,14 +142,23 @@ def audit_(
     emit(c, data, render)
 
 
+def round_number(ident: str) -> int | None:
+    """A round number, or None for a verdict or run id prefix: ids are hex, so a prefix such as
+    `71761649` is all digits about 2% of the time; a round number has at most 5."""
+    return int(ident) if ident.isdigit() and len(ident) <= 5 else None
+
+
 def report(
     ctx: typer.Context,
-    ident: str = typer.Argument(None, help="Round number, or verdict or run id (a prefix will do)."),
+    ident: str = typer.Argument(
+        None,
+        help="Round number (up to 5 digits), or verdict or run id (a prefix will do; 6+ characters if all digits).",
+    ),
     deployment: str = typer.Option(None, "--deployment", "-d", help="Deployment of the round."),
 ) -> None:
     """A round's approval report, or a stored verdict's; without an argument, the latest verdicts."""
     c: Ctx = ctx.obj
-    if ident is not None and ident.isdigit():
+    if ident is not None and round_number(ident) is not None:
         from .cli_round import round_report
 
         round_report(c, deployment, int(ident))

@@ -160,7 +160,9 @@ def test_planted_defect_is_rejected_by_the_audit(judged):
     audit = ev.evidence["audit"]
     assert not audit["passed"] and audit["rate"] > audit["stock_rate"] + 0.005
     assert any(r.startswith("audit:") for r in ev.reasons)
-    assert ev.changes_output
+    # Scored over the top-up too: the timed requests may all come out unchanged (then
+    # ev.changes_output is False and only the added requests show the defect).
+    assert audit["positions"] >= dep.controller.audit_positions
 
 
 def test_protected_path_is_refused_without_running(judged):

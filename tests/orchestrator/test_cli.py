@@ -60,3 +60,11 @@ def test_unknown_option_is_a_usage_error_not_a_traceback(home):
     proc = run_cli("report", "--nope", home=home)
     assert proc.returncode == 2
     assert "No such option: --nope" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_all_digit_id_prefix_is_an_id_not_a_round(home):
+    """Verdict ids are hex: an 8-character prefix is all digits ~2% of the time (one failed CI)."""
+    proc = run_cli("report", "71761649", home=home)
+    assert proc.returncode == 2 and "no verdict or run '71761649'" in proc.stderr, proc.stderr
+    proc = run_cli("report", "3", home=home)
+    assert proc.returncode == 2 and "rounds exist for no deployment" in proc.stderr, proc.stderr
