@@ -39,6 +39,17 @@ def step_seconds(dep, home) -> float:
     return seconds / steps
 
 
+def aa_copy(ws: Workspace) -> str:
+    """The branch of a copy of stock that differs by one comment line (made once): the same
+    system under another tree hash."""
+    if "cand/aa-copy" not in ws.branches():
+        wt = ws.add_worktree("aa-copy", "stock")
+        gen = wt / "refspec" / "generate.py"
+        gen.write_text(gen.read_text() + "\n# A/A copy: the same system under another tree hash.\n")
+        ws.commit_worktree(wt, "A/A copy of stock")
+    return "cand/aa-copy"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--deployment", default="smollm-cpu")
@@ -68,12 +79,7 @@ def main() -> None:
             ws.commit_worktree(wt, f"stock slowed by {args.gain:.0%} of a step")
         baseline, candidate = f"cand/{name}", "stock"
     else:
-        if "cand/aa-copy" not in heads:
-            wt = ws.add_worktree("aa-copy", "stock")
-            gen = wt / "refspec" / "generate.py"
-            gen.write_text(gen.read_text() + "\n# A/A copy: the same system under another tree hash.\n")
-            ws.commit_worktree(wt, "A/A copy of stock")
-        baseline, candidate = "stock", "cand/aa-copy"
+        baseline, candidate = "stock", aa_copy(ws)
     rows = []
     for i in range(args.comparisons):
         t = time.monotonic()

@@ -22,6 +22,8 @@ import statistics as st
 import time
 from pathlib import Path
 
+from controller_aa import aa_copy  # bench/ is this script's folder
+
 from specpilot.controller.adapters import adapter_for
 from specpilot.controller.context import draw_requests, slots_of
 from specpilot.controller.paired import paired_run
@@ -66,13 +68,8 @@ def main() -> None:
     home = Home.resolve(args.home)
     dep = load_deployment(args.deployment, home)
     ws, _ = Workspace.init(home, dep)
-    if "cand/aa-copy" not in ws.branches():
-        wt = ws.add_worktree("aa-copy", "stock")
-        gen = wt / "refspec" / "generate.py"
-        gen.write_text(gen.read_text() + "\n# A/A copy: the same system under another tree hash.\n")
-        ws.commit_worktree(wt, "A/A copy of stock")
     a = checkout(ws.repo_dir, "stock", ws.systems_cache)
-    b = checkout(ws.repo_dir, "cand/aa-copy", ws.systems_cache)
+    b = checkout(ws.repo_dir, aa_copy(ws), ws.systems_cache)
     reqs, _ = draw_requests(dep, home)
     arms = args.arms.split(",")
     runs, secs = dict.fromkeys(arms), dict.fromkeys(arms, 0.0)
