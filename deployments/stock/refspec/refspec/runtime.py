@@ -12,6 +12,7 @@ from pathlib import Path
 from .config import Config
 from .errors import RefspecError
 
+HYBRID = "refspec_hybrid"  # config.json model_type of a hybrid folder (hybrid.py): config only, no tensors
 _SLOT = re.compile(r"^(cpu|cuda):(\d+)$")
 
 
@@ -47,7 +48,7 @@ def open_engine(slot: str, model: str, cache: Path | None, config: Config):
     from . import ext
     from .generate import Engine
     from .model import Transformer, load_weights, resolve_dtype
-    from .weights import resolve_model
+    from .weights import load_config, resolve_model
 
     mechanisms = ext.load(config)
     if kind == "cpu":
@@ -59,7 +60,16 @@ def open_engine(slot: str, model: str, cache: Path | None, config: Config):
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     dtype = resolve_dtype(config.runtime.dtype, device)
-    args, state = load_weights(resolve_model(model, cache))
+    folder = resolve_model(model, cache)
+    cfg = load_config(folder)
+    if cfg.get("model_type") == HYBRID:  # random weights of a GDN/attention shape
+        from .hybrid import HybridArgs, HybridModel, random_state
+
+        args = HybridArgs.from_config({k: v for k, v in cfg.items() if k != "seed"})
+        return Engine(
+            HybridModel(args, random_state(args, cfg.get("seed", 0)), device, dtype), config, mechanisms
+        )
+    args, state = load_weights(folder)
     if device.type == "cuda" and dtype == torch.bfloat16:
         from .cuda_graphs import CudaModel
 
