@@ -47,8 +47,13 @@ def system_entries(db, dep: Deployment, tree: str) -> list[str]:
     return list(hits[-1].entries) if hits else []
 
 
+def fits_target(options: dict[str, Any], dep: Deployment) -> bool:
+    """An entry whose options name `target = "hybrid"` acts only on a target with GDN layers."""
+    return options.get("target") != "hybrid" or dep.target.arch.gdn_layers > 0
+
+
 def memory_summary(memory: Memory, dep: Deployment) -> list[dict[str, Any]]:
-    """The engine's entries as the master sees them."""
+    """The engine's entries as the master sees them (`applicable`: made on this stock, for this target)."""
     stock = memory.stock_for(dep)
     stock_tree = replay(memory, dep, []).tree
     out = []
@@ -56,7 +61,8 @@ def memory_summary(memory: Memory, dep: Deployment) -> list[dict[str, Any]]:
         out.append({
             "name": e.name, "summary": e.summary, "target_factor": e.target_factor, "requires": e.requires,
             "variants": [v.as_dict() for v in e.variants], "evidence": e.evidence, "contracts": e.contracts,
-            "has_code": bool(e.delta), "applicable": e.stock_tree == stock_tree, "stock": stock.label,
+            "has_code": bool(e.delta), "stock": stock.label,
+            "applicable": e.stock_tree == stock_tree and fits_target(e.options, dep),
         })  # fmt: skip
     return out
 

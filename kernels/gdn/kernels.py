@@ -24,6 +24,7 @@ from .layout import GdnInputError, TreeLayout
 from .reference import check_inputs
 
 BV_RECURRENT = 8  # fla-core's value tile for the fused recurrent kernel (one warp per program)
+WY_MAX_NODES = 64  # the WY kernel holds a tree's N x N matrices in registers
 
 
 @triton.jit
@@ -272,11 +273,12 @@ def wy_verify(tree: DeviceTree, q, k, v, g, beta, h0, scale: float, l2norm: bool
     n, h, kd, hv, vd = _prepare(q, k, v, g, beta, h0, check)
     if n != len(tree.layout):
         raise GdnInputError(f"the tree has {len(tree.layout)} nodes but the inputs hold {n} tokens")
-    if n > 64:
-        raise GdnInputError(f"the WY kernel takes at most 64 nodes per tree, got {n}")
+    if n > WY_MAX_NODES:
+        raise GdnInputError(f"the WY kernel takes at most {WY_MAX_NODES} nodes per tree, got {n}")
     o = torch.empty_like(v)
     u = torch.empty(n, hv, vd, dtype=torch.float32, device=v.device)
     np_ = max(16, triton.next_power_of_2(n))
+    bv = min(bv, vd)  # a value tile no wider than V (both powers of two)
     wy_kernel[(hv, vd // bv)](q, k, v, g, beta, h0, o, u, tree.anc, scale, n, H=h, HV=hv, K=kd, V=vd, NP=np_,
                               BV=bv, L2NORM=l2norm, num_warps=num_warps)  # fmt: skip
     return o, u

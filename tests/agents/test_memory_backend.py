@@ -83,6 +83,17 @@ def test_recorded_gains_rank_first(world):
     assert plan[1].entry == "refspec-tree-verify"
 
 
+def test_a_hybrid_only_entry_is_offered_only_for_a_target_with_gdn_layers(world):
+    _, dep, _, memory = world
+    summary = {e["name"]: e for e in sealing.memory_summary(memory, dep)}
+    assert not summary["refspec-gdn-tree"]["applicable"]  # SmolLM2 has no GDN layer
+    assert summary["refspec-tree-verify"]["applicable"]
+    hybrid = load_deployment("qwen27b-h100")  # 48 of 64 layers GDN
+    assert hybrid.target.arch.gdn_layers == 48
+    assert sealing.fits_target({"target": "hybrid"}, hybrid) and not sealing.fits_target({"target": "hybrid"}, dep)
+    assert sealing.fits_target({}, dep)
+
+
 def test_sub_agent_edits_one_line_and_applies_entry_deltas(world):
     home, dep, ws, memory = world
     wt = ws.add_worktree("knob")

@@ -59,11 +59,13 @@ def test_tree_nodes_are_their_root_paths_bit_for_bit():
         assert torch.equal(gk.commit(list(path), *x, h0, SCALE), snaps[-1]), n
 
 
-@pytest.mark.parametrize("n", [1, 8, 24, 32, 64])
-def test_wy_is_within_one_bf16_ulp_of_path(n):
+@pytest.mark.parametrize(
+    "n,shape", [(1, QWEN), (8, QWEN), (24, QWEN), (32, QWEN), (64, QWEN), (12, (2, 4, 32, 16))]
+)
+def test_wy_is_within_one_bf16_ulp_of_path(n, shape):
     layout = TreeLayout.of(random_tree(n, seed=n))
     tree = gk.DeviceTree(layout, "cuda")
-    x, h0 = inputs(n, seed=n)
+    x, h0 = inputs(n, seed=n, shape=shape)
     o_path = gk.path_verify(tree, *x, h0, SCALE)
     o_wy, _ = gk.wy_verify(tree, *x, h0, SCALE)
     err = bf16_ulp_error(o_wy, o_path)
