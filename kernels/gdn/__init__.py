@@ -6,7 +6,6 @@ kernels (CUDA): stock's chain verification with snapshots, the path, commit and 
 
 from .layout import ROOT, GdnInputError, TreeLayout
 from .reference import (
-    bf16_ulp_distance,
     bf16_ulp_error,
     chain,
     commit,
@@ -19,7 +18,6 @@ __all__ = [
     "ROOT",
     "GdnInputError",
     "TreeLayout",
-    "bf16_ulp_distance",
     "bf16_ulp_error",
     "chain",
     "commit",

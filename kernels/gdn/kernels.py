@@ -184,22 +184,19 @@ def wy_kernel(q, k, v, g, beta, h0, o, u_out, anc, scale, N, H: tl.constexpr, HV
 # -- launchers ---------------------------------------------------------------------------------------
 
 
-def _shapes(q, v):
+def _prepare(q, k, v, g, beta, h0, check: bool):
+    """(T, H, K, HV, V) of the inputs; with `check` also the reference's input checks and CUDA layout."""
+    if check:
+        check_inputs(q, k, v, g, beta, h0)
+        for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("state", h0)):
+            if not x.is_cuda or not x.is_contiguous():
+                raise GdnInputError(f"{name} must be a contiguous CUDA tensor")
     t, h, kd = q.shape
     hv, vd = v.shape[1:]
     for d, name in ((kd, "K"), (vd, "V")):
         if d & (d - 1) or not 16 <= d <= 256:
             raise GdnInputError(f"{name} = {d}: the kernels take K and V powers of two in 16..256")
     return t, h, kd, hv, vd
-
-
-def _prepare(q, k, v, g, beta, h0, check: bool):
-    if check:
-        check_inputs(q, k, v, g, beta, h0)
-        for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("state", h0)):
-            if not x.is_cuda or not x.is_contiguous():
-                raise GdnInputError(f"{name} must be a contiguous CUDA tensor")
-    return _shapes(q, v)
 
 
 def chain(

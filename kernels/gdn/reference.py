@@ -139,11 +139,6 @@ def snapshot_bytes(nodes: int, layers: int, hv: int, kd: int, vd: int) -> int:
     return nodes * layers * hv * kd * vd * 4
 
 
-def bf16_ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
-    """The largest distance in bf16 ulps between two tensors, each rounded to bf16 first."""
-    return int((_ordered(a) - _ordered(b)).abs().max()) if a.numel() else 0
-
-
 def bf16_ulp_error(a: torch.Tensor, b: torch.Tensor) -> dict:
     """How far outputs `a` sit from `b` (both [..., V], rounded to bf16) in bf16 ulps.
 

@@ -8,7 +8,6 @@ import torch
 from specpilot.kernels.gdn import (
     GdnInputError,
     TreeLayout,
-    bf16_ulp_distance,
     bf16_ulp_error,
     chain,
     commit,
@@ -80,13 +79,13 @@ def test_snapshots_per_node_against_the_tree_at_n24_on_qwen_shapes():
     assert snapshot_bytes(24, 48, 48, 128, 128) == 24 * 48 * 48 * 128 * 128 * 4 == 3_623_878_656
 
 
-def test_bf16_ulp_distance_counts_representable_steps():
-    one = torch.tensor([1.0])
-    nxt = torch.tensor([1.0 + 2**-7])  # the next bf16 above 1
-    assert bf16_ulp_distance(one, nxt) == 1
-    tiny = torch.tensor([2.0**-133])  # the smallest positive bf16 denormal
-    assert bf16_ulp_distance(tiny, -tiny) == 2
-    assert bf16_ulp_distance(torch.tensor([0.0]), torch.tensor([-0.0])) == 0
+def test_own_ulps_count_representable_steps():
+    one = torch.tensor([[1.0]])
+    nxt = torch.tensor([[1.0 + 2**-7]])  # the next bf16 above 1
+    assert bf16_ulp_error(one, nxt)["own_max"] == 1
+    tiny = torch.tensor([[2.0**-133]])  # the smallest positive bf16 denormal
+    assert bf16_ulp_error(tiny, -tiny)["own_max"] == 2
+    assert bf16_ulp_error(torch.tensor([[0.0]]), torch.tensor([[-0.0]]))["own_max"] == 0
 
 
 def test_ulp_error_measures_near_zero_outputs_at_their_rows_scale():
