@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from refspec_kernels import replay_times  # noqa: E402
 
 H, HV, KD, VD = 16, 48, 128, 128
 SCALE = KD**-0.5
@@ -69,14 +71,7 @@ def gpu_us(fn, reps: int) -> dict:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000)
+    times = [ms * 1000 for ms in replay_times(graph, reps)]
     eager = []
     for _ in range(max(5, reps // 5)):
         torch.cuda.synchronize()
@@ -88,7 +83,10 @@ def gpu_us(fn, reps: int) -> dict:
             "eager_us": round(statistics.median(eager), 1)}  # fmt: skip
 
 
-def correctness(gk, TreeLayout, ulp, layers, tree, depth: int) -> dict:
+def correctness(layers, tree, depth: int) -> dict:
+    from specpilot.kernels.gdn import TreeLayout, bf16_ulp_error
+    from specpilot.kernels.gdn import kernels as gk
+
     q, k, v, g, beta, h0 = layers[0]
     sub = [t[:depth].contiguous() for t in (q, k, v, g, beta)]
     o, snaps = gk.chain(*sub, h0, SCALE)
@@ -106,7 +104,7 @@ def correctness(gk, TreeLayout, ulp, layers, tree, depth: int) -> dict:
         o_fla, ht = fla(*(t.unsqueeze(0) for t in sub[:3]), g=sub[3][None], beta=sub[4][None], scale=SCALE,
                         initial_state=h0[None], output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
         fla_ok = torch.equal(o, o_fla[0]) and torch.equal(snaps[-1], ht[0])
-    errs = [ulp(gk.wy_verify(tree, *x, SCALE)[0], gk.path_verify(tree, *x, SCALE)) for x in layers]
+    errs = [bf16_ulp_error(gk.wy_verify(tree, *x, SCALE)[0], gk.path_verify(tree, *x, SCALE)) for x in layers]
     wy = {"scaled_max": max(e["scaled_max"] for e in errs), "own_within_1": min(e["own_within_1"] for e in errs),
           "bit_equal": min(e["bit_equal"] for e in errs), "own_max": max(e["own_max"] for e in errs)}  # fmt: skip
     return {"path_on_chain_bit_exact": path_ok, "commit_bit_exact": commit_ok, "chain_equals_fla_core": fla_ok,
@@ -123,7 +121,7 @@ def main() -> int:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
-    from specpilot.kernels.gdn import TreeLayout, bf16_ulp_error, snapshot_bytes
+    from specpilot.kernels.gdn import TreeLayout, snapshot_bytes
     from specpilot.kernels.gdn import kernels as gk
 
     dev = torch.device("cuda:0")
@@ -133,17 +131,15 @@ def main() -> int:
     import triton
 
     result["triton"] = triton.__version__
+    # The kernels' own launchers with check=False; the outputs they allocate come from the CUDA
+    # graph's pool, so a replay times the kernels alone.
     stock_layers = layer_inputs(args.layers, args.chain, dev)
     snap_buf = [torch.empty(args.chain, HV, KD, VD, device=dev) for _ in stock_layers]
     state_out = [torch.empty(HV, KD, VD, device=dev) for _ in stock_layers]
 
-    o_buf = [torch.empty_like(x[2]) for x in stock_layers]
-
-    def stock_verify_out():
-        for (q, k, v, g, beta, h0), snaps, o in zip(stock_layers, snap_buf, o_buf, strict=True):
-            gk.chain_kernel[(VD // gk.BV_RECURRENT, HV)](q, k, v, g, beta, h0, o, snaps, SCALE, args.chain,
-                                                         H=H, HV=HV, K=KD, V=VD, BK=KD, BV=gk.BV_RECURRENT,
-                                                         L2NORM=True, SNAP=True, num_warps=1, num_stages=3)  # fmt: skip
+    def stock_verify():
+        for x in stock_layers:
+            gk.chain(*x, SCALE, check=False)
 
     def stock_commit():  # stock's commit: the accepted position's snapshot becomes the state
         for snaps, out in zip(snap_buf, state_out, strict=True):
@@ -155,7 +151,7 @@ def main() -> int:
     def stock_commit_one_copy():  # the same with snapshots stacked over layers: one strided copy
         states_stack.copy_(snap_stack[:, args.chain // 2])
 
-    result["stock_chain"] = {"positions": args.chain, "verify": gpu_us(stock_verify_out, args.reps),
+    result["stock_chain"] = {"positions": args.chain, "verify": gpu_us(stock_verify, args.reps),
                              "commit_copy": gpu_us(stock_commit, args.reps),
                              "commit_one_copy": gpu_us(stock_commit_one_copy, args.reps)}  # fmt: skip
 
@@ -164,34 +160,23 @@ def main() -> int:
         layout = TreeLayout.of(parents)
         tree = gk.DeviceTree(layout, dev)
         layers = layer_inputs(args.layers, n, dev)
-        outs = [torch.empty_like(x[2]) for x in layers]
-        us = [torch.empty(n, HV, VD, device=dev) for _ in layers]
         accepted = torch.tensor(layout.paths[max(range(n), key=lambda i: layout.depth[i])], dtype=torch.int32,
                                 device=dev)  # fmt: skip
 
         def path_verify():
-            for (q, k, v, g, beta, h0), o in zip(layers, outs, strict=True):
-                gk.path_kernel[(VD // gk.BV_RECURRENT, HV, n)](q, k, v, g, beta, h0, o, tree.paths, tree.depth, SCALE,
-                                                              tree.paths.shape[1], H=H, HV=HV, K=KD, V=VD, BK=KD,
-                                                              BV=gk.BV_RECURRENT, L2NORM=True, num_warps=1,
-                                                              num_stages=3)  # fmt: skip
+            for x in layers:
+                gk.path_verify(tree, *x, SCALE, check=False)
 
-        def wy_verify(bv=32, warps=4):
-            np_ = max(16, triton.next_power_of_2(n))
-
+        def wy_verify(bv, warps):
             def run():
-                for (q, k, v, g, beta, h0), o, u in zip(layers, outs, us, strict=True):
-                    gk.wy_kernel[(HV, VD // bv)](q, k, v, g, beta, h0, o, u, tree.anc, SCALE, n, H=H, HV=HV, K=KD,
-                                                 V=VD, NP=np_, BV=bv, L2NORM=True, num_warps=warps)  # fmt: skip
+                for x in layers:
+                    gk.wy_verify(tree, *x, SCALE, check=False, bv=bv, num_warps=warps)
 
             return run
 
         def commit():  # one launch per layer, as stock launches its kernels
-            for (q, k, v, g, beta, h0), out in zip(layers, state_out, strict=True):
-                gk.commit_kernel[(VD // gk.BV_RECURRENT, HV, 1)](q, k, v, g, beta, h0, out, accepted, accepted.numel(),
-                                                                SCALE, n, H=H, HV=HV, K=KD, V=VD, BK=KD,
-                                                                BV=gk.BV_RECURRENT, L2NORM=True, num_warps=1,
-                                                                num_stages=3)  # fmt: skip
+            for x, out in zip(layers, state_out, strict=True):
+                gk.commit(accepted, *x, SCALE, out=out, check=False)
 
         stacked = [torch.stack([x[i] for x in layers]) for i in range(6)]
         states_out = torch.empty_like(stacked[5])
@@ -215,7 +200,7 @@ def main() -> int:
             "path_verify": gpu_us(path_verify, args.reps), "wy_verify": wy, "wy_best": best[1],
             "commit": gpu_us(commit, args.reps), "commit_one_launch": gpu_us(commit_all, args.reps),
             "commit_one_launch_bit_exact": same, "commit_path_length": accepted.numel(),
-            "correctness": correctness(gk, TreeLayout, bf16_ulp_error, layers, tree, min(layout.max_depth, 8)),
+            "correctness": correctness(layers, tree, min(layout.max_depth, 8)),
         }  # fmt: skip
 
     for n in args.nodes:

@@ -148,8 +148,8 @@ def main() -> None:
         args.json.write_text(json.dumps(out, indent=1))
 
 
-def replay_ms(g, n: int, per: int = 1) -> float:
-    """Median time of one replay of CUDA graph `g` over `n` timed replays (ms), divided by `per`."""
+def replay_times(g, n: int, per: int = 1) -> list[float]:
+    """The times of `n` timed replays of CUDA graph `g` (ms, CUDA events), each divided by `per`."""
     import torch
 
     ts = []
@@ -160,7 +160,12 @@ def replay_ms(g, n: int, per: int = 1) -> float:
         e.record()
         e.synchronize()
         ts.append(s.elapsed_time(e) / per)
-    return statistics.median(ts)
+    return ts
+
+
+def replay_ms(g, n: int, per: int = 1) -> float:
+    """Median time of one replay of CUDA graph `g` over `n` timed replays (ms), divided by `per`."""
+    return statistics.median(replay_times(g, n, per))
 
 
 def pass_ms(m, R: int, ctx: int, n: int = 30, warm_s: float = 0.3) -> float:
