@@ -1,6 +1,7 @@
 """The loop on one GPU, end to end: refspec against HF, a round, seal-check, A/A comparisons.
 
-    python bench/gpu_round.py --out DIR [--steps speed,round,seal,aa] [--aa 10] [--budget-s 540]
+    python bench/gpu_round.py --out DIR [--steps speed,round,seal,aa,entries] [--aa 10] [--budget-s 540]
+                              [--entries refspec-tlv,...]
 
 Run after `source bench/gpu_env.sh` on the lent H200 (bench/gpu_prepare.sh says how the weights
 and packages get there). Steps, each written to DIR/gpu_round_smollm_h200.json as it finishes:
@@ -8,7 +9,9 @@ and packages get there). Steps, each written to DIR/gpu_round_smollm_h200.json a
   AR and stock spec ms per token (CUDA graphs), HF Transformers `generate` on the same prompts;
 - round: `specpilot round --deployment smollm-h200` (memory agent), its wall time and verdicts;
 - seal: `specpilot seal-check --all`;
-- aa: stock against a no-op commit of stock, `--aa` comparisons, in the one-GPU design.
+- aa: stock against a no-op commit of stock, `--aa` comparisons, in the one-GPU design;
+- entries: each of `--entries` (built from stock by `specpilot memory replay`, committed as
+  `cand/entry-<name>`) judged against stock by `controller.compare`, with its audit.
 Steps stop starting once the budget is spent.
 """
 
@@ -40,6 +43,7 @@ def main() -> None:
         "--speed-repeats", type=int, default=1, help="serve the speed step's prompts this many times"
     )
     ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--entries", default="", help="memory entries the entries step judges against stock")
     args = ap.parse_args()
     t_start = time.monotonic()
     left = lambda: args.budget_s - (time.monotonic() - t_start)  # noqa: E731
@@ -106,6 +110,11 @@ def main() -> None:
         save()
     if "aa" in steps and left() > 60:
         aa(dep, home, res, args, left, save)
+    if "entries" in steps:
+        for name in filter(None, args.entries.split(",")):
+            if left() > 45:
+                judge_entry(dep, home, name, res, args.out)
+                save()
     res["total_s"] = time.monotonic() - t_start
     save()
     print(json.dumps({k: v for k, v in res.items() if k not in ("seal_check_tail", "aa_rows")}, indent=1))
@@ -154,6 +163,48 @@ def aa(dep, home, res: dict, args, left, save) -> None:
         res |= {"aa_comparisons": len(rows), "aa_approved": sum(r["approved"] for r in rows),
                 "aa_sigma": noise.get("sigma"), "aa_pooled_block_sd": noise.get("pooled_sd")}  # fmt: skip
         save()
+
+
+def judge_entry(dep, home, name: str, res: dict, out: Path) -> None:
+    """Stock against stock + the entry (and its requirements), one `controller.compare` with its audit."""
+    from specpilot import controller
+    from specpilot.memory_store import open_memory
+    from specpilot.memory_store.workspace import Workspace
+    from specpilot.orchestrator.sealing import ensure_builtin
+
+    ws, _ = Workspace.init(home, dep)
+    ensure_builtin(open_memory(home), dep)
+    aa_copy(dep, home)  # Phase 0 first, if this home has none
+    branch = f"cand/entry-{name}"
+    if branch not in ws.branches():
+        tree = out / f"entry-{name}"
+        proc = cli("memory", "replay", "-d", DEP, "--entries", name, "--out", str(tree), timeout=300)
+        if proc.returncode != 0:
+            res.setdefault("entry_verdicts", []).append(
+                {"entry": name, "error": proc.stdout[-800:] + proc.stderr[-800:]}
+            )
+            return
+        wt = ws.add_worktree(f"entry-{name}", "stock")
+        for p in wt.iterdir():
+            if p.name != ".git":
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        shutil.copytree(tree, wt, dirs_exist_ok=True)
+        ws.commit_worktree(wt, f"memory entry {name} on stock")
+        shutil.rmtree(tree)
+    t = time.monotonic()
+    ev = controller.compare(dep, home, "stock", branch)
+    row = {"entry": name, "verdict": ev.id, "gain": ev.gain, "lower_bound": ev.lower_bound, "approved": ev.approved,
+           "threshold": ev.threshold, "sigma": ev.sigma, "blocks": ev.evidence.get("n"),
+           "seconds": time.monotonic() - t, "audit": ev.evidence.get("audit"), "reasons": ev.reasons}  # fmt: skip
+    if row["audit"] is None:  # the compare audits only an approval or a changed output: audit it alone
+        t = time.monotonic()
+        audit = controller.audit_system(dep, home, branch)
+        row["standalone_audit"] = {k: audit.get(k) for k in ("passed", "rate", "mismatches", "positions",
+                                   "stock_rate", "stock_mismatches", "stock_positions", "large", "stock_large",
+                                   "p_large", "unexplained", "reasons")} | {"seconds": time.monotonic() - t}  # fmt: skip
+    row["changed_requests"] = ev.evidence.get("changed_requests")
+    res.setdefault("entry_verdicts", []).append(row)
+    print(json.dumps(row, indent=1, default=str), flush=True)
 
 
 if __name__ == "__main__":
