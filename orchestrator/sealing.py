@@ -48,8 +48,14 @@ def system_entries(db, dep: Deployment, tree: str) -> list[str]:
 
 
 def fits_target(options: dict[str, Any], dep: Deployment) -> bool:
-    """An entry whose options name `target = "hybrid"` acts only on a target with GDN layers."""
-    return options.get("target") != "hybrid" or dep.target.arch.gdn_layers > 0
+    """Whether an entry acts on this deployment: `target = "hybrid"` needs a target with GDN layers,
+    `target = "gpu"` GPU slots (a mechanism that can gain only through a GPU kernel)."""
+    target = options.get("target")
+    if target == "hybrid":
+        return dep.target.arch.gdn_layers > 0
+    if target == "gpu":
+        return dep.devices.kind != "cpu"
+    return True
 
 
 def memory_summary(memory: Memory, dep: Deployment) -> list[dict[str, Any]]:

@@ -94,6 +94,14 @@ def test_a_hybrid_only_entry_is_offered_only_for_a_target_with_gdn_layers(world)
     assert sealing.fits_target({}, dep)
 
 
+def test_a_gpu_only_entry_is_offered_only_on_gpu_slots(world):
+    _, dep, _, memory = world
+    summary = {e["name"]: e for e in sealing.memory_summary(memory, dep)}
+    assert dep.devices.kind == "cpu" and not summary["refspec-tlv"]["applicable"]
+    gpu = load_deployment("smollm-h200")
+    assert sealing.fits_target({"target": "gpu"}, gpu) and not sealing.fits_target({"target": "gpu"}, dep)
+
+
 def test_sub_agent_edits_one_line_and_applies_entry_deltas(world):
     home, dep, ws, memory = world
     wt = ws.add_worktree("knob")
