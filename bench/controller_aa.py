@@ -5,9 +5,11 @@
 
 A/A (default): each comparison is a full `controller.compare` (sequential blocks, audit, stored
 verdict) of stock against a copy of stock that differs by one comment line — the same system under
-another tree hash. `--gain G`: the baseline is stock with a sleep in every decode step worth a
-fraction G of stock's own step time (measured on this machine first), so stock is a true
-1/(1 - G)-ish faster candidate: a calibrated gain. Phase 0 runs first if the home has none.
+another tree hash. `--gain G`: the baseline is stock with a CPU burn in every decode step worth a
+fraction G of stock's own step time (measured on this machine first), so stock is a true 1 + G
+faster candidate: a calibrated gain. The burn spins on the thread's own CPU clock, so it costs the
+same in every design (a sleep would run on while a sliced system is frozen). Phase 0 runs first
+if the home has none.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def step_seconds(dep, home) -> float:
     raw = Path(runs[-1].raw_path)
     lines = [json.loads(x) for x in raw.read_text().splitlines()]
     rows = [r for r in lines if r.get("system") == "A" and not r.get("warmup")]
-    seconds = sum(r["t_done"] - r["t_send"] for r in rows)
+    seconds = sum(r["t_done"] - r["t_send"] if r.get("active_s") is None else r["active_s"] for r in rows)
     steps = sum(r["claims"].get("steps", 0) for r in rows)
     return seconds / steps
 
@@ -69,14 +71,14 @@ def main() -> None:
     heads = ws.branches()
     if args.gain:
         name = f"slow-{round(args.gain * 1000)}"
-        delay = step_seconds(dep, home) * args.gain / (1 - args.gain)
+        delay = step_seconds(dep, home) * args.gain
         if f"cand/{name}" not in heads:
             wt = ws.add_worktree(name, "stock")
             gen = wt / "refspec" / "generate.py"
-            gen.write_text(
-                gen.read_text().replace(STEP, f"        __import__('time').sleep({delay:.6f})\n" + STEP, 1)
-            )
-            ws.commit_worktree(wt, f"stock slowed by {args.gain:.0%} of a step")
+            burn = (f"        _t = __import__('time'); _end = _t.thread_time() + {delay:.6f}\n"
+                    "        while _t.thread_time() < _end: pass\n")  # fmt: skip
+            gen.write_text(gen.read_text().replace(STEP, burn + STEP, 1))
+            ws.commit_worktree(wt, f"stock slowed by {args.gain:.0%} of a step (CPU burn {delay * 1e3:.2f} ms)")
         baseline, candidate = f"cand/{name}", "stock"
     else:
         baseline, candidate = "stock", aa_copy(ws)

@@ -28,8 +28,10 @@ def workspace(home: Home, dep: Deployment) -> Workspace:
 
 
 def slots_of(dep: Deployment) -> tuple[Slot, ...]:
-    """The deployment's device slots for a paired run: two (swapped design) or one (interleaved)."""
-    slots = tuple(Slot.parse(s) for s in dep.devices.slots[:2])
+    """The deployment's device slots for a paired run: all (sliced design), two (swapped) or one
+    (interleaved)."""
+    keep = {"sliced": None, "swapped": 2, "interleaved": 1}[dep.design]
+    slots = tuple(Slot.parse(s) for s in dep.devices.slots[:keep])
     for s in slots:
         s.check_exists()
     return slots

@@ -57,14 +57,15 @@ class RequestResult:
     tokens: list[int] = field(default_factory=list)
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (controller time, tokens in line)
     claims: dict = field(default_factory=dict)  # the system's own stats: stored, never used for timing
+    active_s: float | None = None  # sliced design: the seconds the system ran between send and done
 
     @property
     def seconds(self) -> float:
-        return self.t_done - self.t_send
+        return self.t_done - self.t_send if self.active_s is None else self.active_s
 
     @property
     def speed(self) -> float:
-        """Output tokens per second on the controller's clock."""
+        """Output tokens per second on the controller's clock (the time the system ran, when sliced)."""
         return len(self.tokens) / self.seconds
 
 

@@ -100,8 +100,9 @@ def _blocks(dep: Deployment, home: Home, db, kind: str, baseline: SystemTree, ca
     try:
         with lease(home, slots_of(dep)) as slots:
             while True:
-                run = paired_run(adapter_for(dep, home), baseline, candidate, slots, reqs, blocks=1,
-                                 warmup=dep.controller.warmup_requests, raw=raw, seed=int(run_id[:8], 16),
+                run = paired_run(adapter_for(dep, home), baseline, candidate, slots, reqs, rounds=1,
+                                 warmup=dep.controller.warmup_requests, raw=raw, design=dep.design,
+                                 seed=int(run_id[:8], 16),
                                  progress=progress, check_trees=check, run=run)  # fmt: skip
                 if (fixed is not None and len(run.blocks) >= fixed) or (
                     fixed is None and not keep_going(run, time.monotonic() - t0)
@@ -210,7 +211,7 @@ def compare(
 
     def keep_going(run: PairedRun, elapsed: float) -> bool:
         quiet = quiet_blocks(run)
-        state.setdefault("t", []).append(elapsed)
+        state.setdefault("t", []).append((elapsed, len(run.blocks)))
         if (
             run.violations
             or checks.violations(run)
@@ -223,8 +224,8 @@ def compare(
         if (
             "k_max" not in state
         ):  # planned looks: fixed at the first look from the blocks' pace (not their gains)
-            t = state["t"]
-            pace = (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else t[0]
+            (t0, n0), (t1, n1) = state["t"][0], state["t"][-1]
+            pace = (t1 - t0) / (n1 - n0) if n1 > n0 else t1 / n1  # seconds per block, start-up aside
             state["k_max"] = max(
                 MIN_LOOK, min(c.max_blocks, int(len(quiet) + (c.budget_s - elapsed) / max(pace, 1e-3)))
             )

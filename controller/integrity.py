@@ -1,9 +1,10 @@
 """The controller guards its own integrity: it refuses to judge once anything that decides or
 records a verdict has changed.
 
-The digest covers the installed controller package, the memory store's record, tree-hash and
-workspace code (verdicts and runs are written there; systems are named by tree hash and exported
-from the workspace), the pristine refspec stock tree (the token-forcing scorer is its target) and
+The digest covers the installed controller package, the deployment spec's rules (its defaults and
+the paired design it picks), the memory store's record, tree-hash and workspace code (verdicts and
+runs are written there; systems are named by tree hash and exported from the workspace), the
+pristine refspec stock tree (the token-forcing scorer is its target) and
 the scorer's weights. It is recorded when a deployment's Phase 0 runs and checked before every run,
 so a patch that edits the judge — by an agent or by accident — stops all judging until a person
 reruns Phase 0.
@@ -22,6 +23,7 @@ CONTROLLER_DIR = Path(__file__).resolve().parent
 PACKAGE = CONTROLLER_DIR.parent
 JUDGE = [
     CONTROLLER_DIR,
+    PACKAGE / "deployments" / "spec.py",
     PACKAGE / "memory_store" / "records.py",
     PACKAGE / "memory_store" / "models.py",
     PACKAGE / "memory_store" / "db.py",

@@ -1,16 +1,21 @@
 """Paired runs: blocks with fresh processes, baseline A and candidate B on the same requests.
 
-Two designs, by the number of device slots:
+Three designs (`design_of` in context.py picks one per deployment):
+- **sliced** (CPU slots, one or more): on every core both systems are loaded and take turns of
+  ~50 ms (slicer.py), so the host's drift in a core's speed hits both alike and cancels in their
+  ratio; a request's time is the time its system ran. The measured requests are split across the
+  cores at random, so a block is one pass over them (d_i of stats.PairSpeeds).
 - **swapped** (two slots): a block is two periods; in one, A runs on slot 0 and B on slot 1
   concurrently with the same request stream, in the other the slots are swapped, so a slot's own
   speed cancels (d_i of stats.RequestSpeeds). Which arrangement comes first is drawn per block.
-- **interleaved** (one slot): both systems are loaded on it and take turns, one generating while the
-  other is frozen, a request at a time in ABBA order: X serves request 1, then Y, then Y serves
+- **interleaved** (one GPU slot): both systems are loaded on it and take turns, one generating while
+  the other is frozen, a request at a time in ABBA order: X serves request 1, then Y, then Y serves
   request 2, then X, and so on (X, Y drawn per block). Each system serves each request once per
   process, so nothing it keeps from one turn helps it in another; a request's two runs are one
   request apart, and a drift in the device's speed cancels pair by pair (d_i of stats.PairSpeeds).
   (Turns of half the requests each left a request's runs ~0.6 s apart on an H200, and the speed
-  moved by up to 10% over that.)
+  moved by up to 10% over that. A GPU cannot be sliced: freezing a process leaves its queued
+  kernels running.)
 Warm-up requests are served first and discarded. Every timestamp is the controller's; every line
 is written to the raw file. What each system did besides answering (its CPU time, how long it took
 to be ready, other load on its core or GPU) is kept per turn for the checks in checks.py.
@@ -29,6 +34,7 @@ from pathlib import Path
 from .engine import EngineAdapter, Request, RequestResult, SystemFailed
 from .gpu_load import watch_for
 from .load import core_times, foreign_load
+from .slicer import SLICE_S, Slicer, active
 from .slots import Slot
 from .stats import PairSpeeds, RequestSpeeds
 from .systems import SystemTree
@@ -47,7 +53,7 @@ class TurnStats:
     labels: list[str]
     wall_s: float
     cpu_s: dict[str, float]
-    served_s: dict[str, float]  # from the turn's start to the label's last answer
+    served_s: dict[str, float]  # from the turn's start to the label's last answer (sliced: time it ran)
     load: dict[str, dict] = field(default_factory=dict)
     gpu: dict[str, dict] = field(default_factory=dict)
     disturbances: list[str] = field(default_factory=list)
@@ -84,21 +90,31 @@ class PairedRun:
         return sorted(i for i in a if a[i] != b.get(i))
 
 
-def _drive(system, requests: Sequence[Request], out: dict, errors: list, start: threading.Barrier) -> None:
+def _drive(system, requests: Sequence[Request], out: dict, errors: list, start: threading.Barrier,
+           done: Callable[[], None]) -> None:  # fmt: skip
     try:
         start.wait()
         for req in requests:
+            # A sliced system runs about half the wall time; the limit is generous either way.
             out[req.id] = system.run(req, timeout_s=30.0 + SECONDS_PER_TOKEN_LIMIT * req.max_new_tokens)
     except (SystemFailed, threading.BrokenBarrierError) as e:
         errors.append(e)
         start.abort()
+    finally:
+        done()
 
 
-def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict) -> TurnStats:
-    """Serve one turn (its labels concurrently, the others frozen) and measure what else happened."""
+def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict,
+                slicer: Slicer | None = None) -> TurnStats:  # fmt: skip
+    """Serve one turn (its labels concurrently, the others frozen; with a `slicer`, the turn's
+    labels share their core in time slices) and measure what else happened."""
     labels = list(turn)
-    for label, system in systems.items():
-        system.pause(label not in turn)
+    key = str(slots[labels[0]])
+    if slicer is not None:
+        slicer.attach(key, {lb: systems[lb] for lb in labels})
+    else:
+        for label, system in systems.items():
+            system.pause(label not in turn)
     cores = {lb: slots[lb].index for lb in labels if slots[lb].kind == "cpu"}
     watches = {lb: w for lb in labels if (w := watch_for(slots[lb])) is not None}
     ours = {pid for s in systems.values() for pid in s.pids()}
@@ -106,7 +122,8 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
         w.start(ours)
     errors: list[Exception] = []
     barrier = threading.Barrier(len(labels))
-    threads = [threading.Thread(target=_drive, args=(systems[lb], turn[lb], results[lb], errors, barrier))
+    finish = (lambda lb: lambda: slicer.finish(key, lb)) if slicer else (lambda lb: lambda: None)
+    threads = [threading.Thread(target=_drive, args=(systems[lb], turn[lb], results[lb], errors, barrier, finish(lb)))
                for lb in labels]  # fmt: skip
     cpu0 = {lb: systems[lb].usage()["cpu_s"] for lb in labels}
     t0, cores0, harness0 = time.perf_counter(), core_times(list(cores.values())), time.process_time()
@@ -120,18 +137,30 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
         time.process_time() - harness0,
     )
     gpu = {lb: w.stop() for lb, w in watches.items()}
+    runs = slicer.detach(key) if slicer is not None else None
     if errors:
         raise errors[0]
     cpu = {lb: systems[lb].usage()["cpu_s"] - cpu0[lb] for lb in labels}
-    served = {lb: max(r.t_done for r in (results[lb][q.id] for q in turn[lb])) - t0 for lb in labels}
+    last = {lb: max(r.t_done for r in (results[lb][q.id] for q in turn[lb])) for lb in labels}
+    if runs is None:
+        served = {lb: last[lb] - t0 for lb in labels}
+    else:  # a request's time, and a label's serving window, is the time its system ran
+        for lb in labels:
+            for q in turn[lb]:
+                r = results[lb][q.id]
+                r.active_s = active(runs[lb], r.t_send, r.t_done)
+        served = {lb: active(runs[lb], t0, last[lb]) for lb in labels}
     stats = TurnStats(labels, wall, cpu, served)
-    for lb, c in cores.items():
+    for c in set(cores.values()):
+        on = [lb for lb in labels if cores.get(lb) == c]
         if c in cores0 and c in cores1:
-            stats.load[lb] = ld = foreign_load(cores0[c], cores1[c], cpu[lb], wall, harness)
+            ld = foreign_load(cores0[c], cores1[c], sum(cpu[lb] for lb in on), wall, harness)
+            stats.load |= dict.fromkeys(on, ld)
             if ld["disturbed"]:
+                who = " and ".join(on)
                 stats.disturbances.append(
-                    f"other load on {slots[lb]}: {ld['foreign_share']:.0%} of the turn went to something besides "
-                    f"system {lb}")  # fmt: skip
+                    f"other load on cpu:{c}: {ld['foreign_share']:.0%} of the turn went to something besides "
+                    f"system{'s' * (len(on) > 1)} {who}")  # fmt: skip
     for lb, report in gpu.items():
         stats.gpu[lb] = report.to_json()
         stats.disturbances += report.disturbances(str(slots[lb]))
@@ -145,9 +174,11 @@ def run_period(
     schedule: Sequence[Turn],
     logs: Path,
     tag: str,
+    slicer: Slicer | None = None,
 ) -> PeriodResult:
     """Start every system fresh on its slot (after its one prepare run), serve the schedule's
-    turns in order, stop them all. Labels of one turn run concurrently and need distinct slots."""
+    turns in order, stop them all. Labels of one turn run concurrently and need distinct slots,
+    or, with a `slicer`, share one CPU slot in time slices."""
     for label, tree in trees.items():
         adapter.prepare(
             tree.tree, tree.path, slots[label], logs / f"prepare-{label}-{tree.tree[:12]}.log", label
@@ -160,7 +191,7 @@ def run_period(
                                            label)  # fmt: skip
         ready = {label: system.wait_ready() for label, system in systems.items()}
         results: dict[str, dict[str, RequestResult]] = {label: {} for label in systems}
-        turns = [_serve_turn(systems, slots, turn, results) for turn in schedule]
+        turns = [_serve_turn(systems, slots, turn, results, slicer) for turn in schedule]
         usage = {label: s.usage() | {"ready_s": ready[label].get("_ready_s")} for label, s in systems.items()}
         return PeriodResult(results, dict(slots), usage, turns)
     finally:
@@ -175,81 +206,116 @@ def paired_run(
     slots: Sequence[Slot],
     requests: Sequence[Request],
     *,
-    blocks: int,
+    rounds: int,
     warmup: int,
     raw: Path,
+    design: str,
     seed: int = 0,
     progress: Callable[[str], None] = lambda _: None,
     check_trees: Callable[[], None] = lambda: None,
     run: PairedRun | None = None,
-    lockstep: bool = False,
-    splits: int = 1,
 ) -> PairedRun:
-    """Measure candidate B against baseline A for `blocks` more blocks (appended to `run` when
-    given); every line of evidence goes to the JSONL file `raw`. `check_trees` runs around every
-    period (it re-hashes the exports). `lockstep` (swapped design): both systems start each
-    request together and the next waits for both (False: each serves the stream at its own pace).
-    `splits` (swapped design): the measured requests are cut into this many parts, each served in
-    a swapped pair of periods of its own (more, shorter-lived processes per block)."""
+    """Measure candidate B against baseline A for `rounds` more rounds (appended to `run` when
+    given) in `design` (sliced, swapped or interleaved); every line of evidence goes to the JSONL
+    file `raw`. `check_trees` runs around every period (it re-hashes the exports).
+
+    A round is one block, or in the sliced design one block per slot, side by side: a block is
+    the unit of inference, fresh processes serving the same requests under A and B."""
     trees = {"A": baseline, "B": candidate}
     warm, measured = list(requests[:warmup]), list(requests[warmup:])
     if not measured:
         raise ValueError("no requests left after the warm-up")
-    one_slot = len(set(slots)) == 1
-    run = run or PairedRun(design="interleaved" if one_slot else "swapped")
+    serve = {"sliced": _sliced_round, "swapped": _swapped_round, "interleaved": _interleaved_round}[design]
+    run = run or PairedRun(design=design)
     raw.parent.mkdir(parents=True, exist_ok=True)
     logs = raw.with_suffix("")
     with open(raw, "a") as fh:
-        for _ in range(blocks):
+        for _ in range(rounds):
             b = len(run.blocks)
             rng = random.Random(f"{seed}:{b}")
-            if one_slot:
-                periods = [
-                    _interleaved_period(adapter, trees, slots[0], warm, measured, logs, b, rng, progress)
-                ]
-            else:
-                periods = []
-                parts = [measured[i::splits] for i in range(splits)]
-                for part in parts:
-                    arrangements = [{"A": slots[0], "B": slots[1]}, {"A": slots[1], "B": slots[0]}]
-                    rng.shuffle(arrangements)
-                    for arr in arrangements:
-                        p = len(periods)
-                        progress(
-                            f"block {b + 1}, period {p + 1}/{2 * splits}: A on {arr['A']}, B on {arr['B']}"
-                        )
-                        check_trees()
-                        schedule = (
-                            [{"A": warm, "B": warm}] * bool(warm) + [{"A": [r], "B": [r]} for r in part]
-                            if lockstep
-                            else [{"A": warm + part, "B": warm + part}]
-                        )
-                        periods.append(run_period(adapter, trees, arr, schedule, logs, f"b{b}p{p}"))
+            periods = serve(adapter, trees, list(slots), warm, measured, logs, b, rng, progress, check_trees)
             check_trees()
-            for p, period in enumerate(periods):
-                _write_raw(fh, period, trees, b, p, {r.id for r in warm})
+            blocks = [[p] for p in periods] if design == "sliced" else [periods]
+            for i, block in enumerate(blocks):
+                for p, period in enumerate(block):
+                    _write_raw(fh, period, trees, b + i, p, {r.id for r in warm})
+                served = [r for r in measured if r.id in block[0].results["A"]]
+                run.blocks.append(
+                    _block_swapped(block, served, slots[0])
+                    if design == "swapped"
+                    else _block_pairs(block, served)
+                )
+                run.block_disturbances.append([d for p in block for d in p.disturbances])
             fh.flush()
             run.periods += periods
-            run.blocks.append(
-                _block_interleaved(periods[0], measured)
-                if one_slot
-                else _block_swapped(periods, measured, slots[0])
-            )
-            run.block_disturbances.append([d for p in periods for d in p.disturbances])
             run.violations += _record_outputs(run, periods, measured)
     return run
 
 
-def _interleaved_period(adapter, trees, slot, warm, measured, logs, b, rng, progress) -> PeriodResult:
-    """One block of the one-slot design: both loaded, warm-up turns X, Y, then a turn per request
-    in ABBA order — X r1, Y r1, Y r2, X r2, X r3, ... (X, Y drawn)."""
+def _sliced_round(
+    adapter, trees, slots, warm, measured, logs, b, rng, progress, check_trees
+) -> list[PeriodResult]:
+    """A block per slot, side by side: on every slot A and B at once, sharing its core in time
+    slices (the phases aligned across slots; which system has a core first is the phase the slicer
+    is in when both are ready); the measured requests dealt out at random, a part per slot, each
+    after the warm-up."""
+    dealt = rng.sample(measured, len(measured))
+    parts = [dealt[i :: len(slots)] for i in range(len(slots))]
+    progress(f"blocks {b + 1}-{b + len(slots)}: A and B sharing each of {', '.join(map(str, slots))} in turns "
+             f"of ~{SLICE_S * 1e3:.0f} ms")  # fmt: skip
+    for label, tree in trees.items():  # before the slots' threads, so no two prepare one cache
+        adapter.prepare(tree.tree, tree.path, slots[0], logs / f"prepare-{label}-{tree.tree[:12]}.log", label)
+    check_trees()
+    periods: list[PeriodResult | None] = [None] * len(slots)
+    errors: list[Exception] = []
+
+    def serve(i: int, slot: Slot) -> None:
+        try:
+            periods[i] = run_period(adapter, trees, {"A": slot, "B": slot}, [{"A": warm + parts[i], "B": warm + parts[i]}],
+                                    logs, f"b{b + i}", slicer)  # fmt: skip
+        except Exception as e:  # re-raised below, in the caller's thread
+            errors.append(e)
+
+    with Slicer(["A", "B"]) as slicer:
+        threads = [threading.Thread(target=serve, args=(i, s)) for i, s in enumerate(slots) if parts[i]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    return [p for p in periods if p is not None]
+
+
+def _swapped_round(
+    adapter, trees, slots, warm, measured, logs, b, rng, progress, check_trees
+) -> list[PeriodResult]:
+    """Two periods, A and B concurrently on two slots, then swapped (which arrangement first: drawn)."""
+    arrangements = [{"A": slots[0], "B": slots[1]}, {"A": slots[1], "B": slots[0]}]
+    rng.shuffle(arrangements)
+    periods = []
+    for p, arr in enumerate(arrangements):
+        progress(f"block {b + 1}, period {p + 1}/2: A on {arr['A']}, B on {arr['B']}")
+        check_trees()
+        periods.append(
+            run_period(adapter, trees, arr, [{"A": warm + measured, "B": warm + measured}], logs, f"b{b}p{p}")
+        )
+    return periods
+
+
+def _interleaved_round(
+    adapter, trees, slots, warm, measured, logs, b, rng, progress, check_trees
+) -> list[PeriodResult]:
+    """One period on one slot: both loaded, warm-up turns X, Y, then a turn per request in ABBA
+    order — X r1, Y r1, Y r2, X r2, X r3, ... (X, Y drawn)."""
     x, y = rng.sample(["A", "B"], 2)
-    progress(f"block {b + 1}: {x} and {y} taking turns on {slot}, a request at a time")
+    progress(f"block {b + 1}: {x} and {y} taking turns on {slots[0]}, a request at a time")
+    check_trees()
     schedule: list[Turn] = [{x: warm}, {y: warm}] if warm else []
     for i, req in enumerate(measured):
         first, second = (x, y) if i % 2 == 0 else (y, x)
         schedule += [{first: [req]}, {second: [req]}]
-    return run_period(adapter, trees, {"A": slot, "B": slot}, schedule, logs, f"b{b}")
+    return [run_period(adapter, trees, {"A": slots[0], "B": slots[0]}, schedule, logs, f"b{b}")]
 
 
 def _write_raw(
@@ -259,7 +325,8 @@ def _write_raw(
         for r in res.values():
             fh.write(json.dumps({
                 "block": b, "period": p, "system": label, "tree": trees[label].tree, "slot": str(period.slots[label]),
-                "id": r.id, "warmup": r.id in warm_ids, "t_send": r.t_send, "t_done": r.t_done, "arrivals": r.arrivals,
+                "id": r.id, "warmup": r.id in warm_ids, "t_send": r.t_send, "t_done": r.t_done, "active_s": r.active_s,
+                "arrivals": r.arrivals,
                 "tokens": r.tokens, "claims": r.claims, "usage": period.usage[label],
             }) + "\n")  # fmt: skip
     fh.write(
@@ -296,6 +363,7 @@ def _block_swapped(periods: list[PeriodResult], measured: Sequence[Request], s0:
     ]  # fmt: skip
 
 
-def _block_interleaved(period: PeriodResult, measured: Sequence[Request]) -> list[PairSpeeds]:
-    a, b = period.results["A"], period.results["B"]
-    return [PairSpeeds(a=a[r.id].speed, b=b[r.id].speed) for r in measured]
+def _block_pairs(periods: list[PeriodResult], measured: Sequence[Request]) -> list[PairSpeeds]:
+    """Each request's speed under A and B, from whichever period of the block served it."""
+    speed = {(lb, rid): r.speed for p in periods for lb, res in p.results.items() for rid, r in res.items()}
+    return [PairSpeeds(a=speed[("A", r.id)], b=speed[("B", r.id)]) for r in measured]

@@ -131,6 +131,9 @@ class ControllerSettings(_Strict):
     # An approval's audit scores at least this many output positions: the run's, topped up with
     # fresh pool requests run untimed (a rare defect may change none of a period's few requests).
     audit_positions: int = Field(default=1024, ge=0)
+    # How A and B share the slots (controller/paired.py): "auto" = sliced on CPU slots (both
+    # systems on every core, in ~50 ms turns), on GPUs swapped with two slots, interleaved with one.
+    design: Literal["auto", "sliced", "swapped", "interleaved"] = "auto"
 
 
 class Deployment(_Strict):
@@ -161,6 +164,28 @@ class Deployment(_Strict):
         if self.engine == "sglang" and self.stock.wheel is None:
             raise ValueError("engine 'sglang' needs a pinned wheel: set stock.wheel = 'sglang==X.Y.Z'")
         return self
+
+    @model_validator(mode="after")
+    def _design(self) -> Deployment:
+        d = self.controller.design
+        if d == "sliced" and self.devices.kind != "cpu":
+            raise ValueError("controller.design 'sliced' needs CPU slots (a frozen GPU process's queued kernels "
+                             "keep running); use 'swapped' (two slots) or 'interleaved' (one)")  # fmt: skip
+        if d == "swapped" and len(self.devices.slots) < 2:
+            raise ValueError(
+                "controller.design 'swapped' needs two slots in devices.slots; use 'interleaved'"
+            )
+        return self
+
+    @property
+    def design(self) -> str:
+        """The paired design the controller runs (controller.design, 'auto' resolved)."""
+        d = self.controller.design
+        if d != "auto":
+            return d
+        if self.devices.kind == "cpu":
+            return "sliced"
+        return "swapped" if len(self.devices.slots) >= 2 else "interleaved"
 
 
 def _describe(err: ValidationError) -> str:

@@ -1,8 +1,8 @@
 """The controller judging real, confined refspec processes on two CPU slots (smollm-cpu, shrunk).
 
 One module-scoped home runs Phase 0 once; each test builds a candidate as a real commit in the
-workspace (a patch on stock) and asks the controller for a verdict. The one-slot (interleaved)
-design, the GPU's, runs on one CPU core at the end.
+workspace (a patch on stock) and asks the controller for a verdict, in the CPU slots' sliced
+design. The one-slot (interleaved) design, the GPU's, runs on one CPU core at the end.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="paired
 TINY = "smollm-tiny"
 
 
-def _tiny_spec(home: Home, name: str = TINY, slots: str = '"cpu:0", "cpu:1"') -> None:
+def _tiny_spec(home: Home, name: str = TINY, slots: str = '"cpu:0", "cpu:1"', design: str = "auto") -> None:
     text = (SHIPPED / "smollm-cpu.toml").read_text()
     text = text.replace('name = "smollm-cpu"', f'name = "{name}"')
     text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 3 }")
@@ -36,7 +36,7 @@ def _tiny_spec(home: Home, name: str = TINY, slots: str = '"cpu:0", "cpu:1"') ->
     text = text.replace('slots = ["cpu:0", "cpu:1"]', f"slots = [{slots}]")
     text = re.sub(
         r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$",
-        "blocks = 3\nbudget_s = 75\nmax_blocks = 6",
+        f'blocks = 3\nbudget_s = 75\nmax_blocks = 6\ndesign = "{design}"',
         text,
     )
     home.deployments.mkdir(parents=True, exist_ok=True)
@@ -81,18 +81,21 @@ def test_phase0_figures(judged):
     noise = figures["noise"]
     assert (
         0.0 <= noise["sigma"] < 0.5
-        and noise["design"] == "swapped"
-        and len(noise["runs"][0]["block_logs"]) == 3
+        and noise["design"] == "sliced"
+        and len(noise["runs"][0]["block_logs"]) == 4  # 3 asked: two rounds of a block per core
     )
     db = connect(home)
     assert records.get_state(db, dep.name, "phase0")["delta"] == figures["delta"]
     assert records.get_state(db, dep.name, "controller_digest") == controller.judge_digest(dep, home)
 
 
+BURN = "        _t = __import__('time'); _end = _t.thread_time() + 0.1\n        while _t.thread_time() < _end: pass\n"
+
+
 def _sleepy(ws: Workspace, name: str, base: str = "system") -> str:
-    """Stock with a 100 ms sleep in every decode step (a step is 30-90 ms on one core): a real per-step cost, output unchanged."""
-    return _candidate(ws, name, lambda t: _replace(t / GENERATE, STEP, "        __import__('time').sleep(0.1)\n" + STEP),
-                      base)  # fmt: skip
+    """Stock burning 100 ms of CPU in every decode step (a step is 30-90 ms on one core): a real
+    per-step cost, output unchanged. (A sleep would run on while a sliced system is frozen.)"""
+    return _candidate(ws, name, lambda t: _replace(t / GENERATE, STEP, BURN + STEP), base)
 
 
 def test_removing_a_per_step_cost_is_approved(judged):
@@ -104,8 +107,9 @@ def test_removing_a_per_step_cost_is_approved(judged):
     ev = controller.compare(dep, home, _sleepy(ws, "sleepy-baseline"), "stock")
     assert ev.approved, ev.reasons
     assert ev.gain > 1.1 and ev.lower_bound > 1 + ev.threshold
-    assert not ev.changes_output and ev.evidence["design"] == "swapped"
-    assert ev.evidence["n"] == 3, "a clear gain is decided at the first look"
+    assert not ev.changes_output and ev.evidence["design"] == "sliced"
+    assert ev.evidence["n"] == 4, "a clear gain is decided at the first look (two rounds of two blocks)"
+    _assert_sliced(ev, dep)
     audit = ev.evidence["audit"]
     assert audit["passed"]
     # An approval's audit is topped up with fresh pool requests, none of them timed ones.
@@ -113,6 +117,32 @@ def test_removing_a_per_step_cost_is_approved(judged):
     assert audit["positions"] >= dep.controller.audit_positions > 4 * 40
     assert set(top) & set(ev.evidence["draw"]["sources"]) == set()
     assert set(top.values()) & set(ev.evidence["draw"]["sources"].values()) == set()
+
+
+def _assert_sliced(ev, dep) -> None:
+    """A round is a block per core, side by side: on each core A and B at once, the requests dealt
+    across the cores, each served once by each system; the two systems' turns on a core never
+    overlap, and a request's time is the time its system ran."""
+    raw = [json.loads(line) for line in Path(ev.evidence["raw"]).read_text().splitlines()]
+    runs = [r for r in raw if "system" in r and not r["warmup"]]
+    measured = len(ev.evidence["draw"]["sources"]) - dep.controller.warmup_requests
+    blocks = sorted({r["block"] for r in runs})
+    assert len(blocks) == ev.evidence["n"] and len(blocks) % 2 == 0
+    for first in blocks[::2]:
+        rnd = [r for r in runs if r["block"] in (first, first + 1)]
+        for b in (first, first + 1):
+            mine = [r for r in rnd if r["block"] == b]
+            assert len({r["slot"] for r in mine}) == 1
+            assert sorted(r["id"] for r in mine if r["system"] == "A") == sorted(
+                r["id"] for r in mine if r["system"] == "B"
+            )
+        assert {r["slot"] for r in rnd} == set(dep.devices.slots)
+        assert len({r["id"] for r in rnd}) == len([r for r in rnd if r["system"] == "A"]) == measured
+    assert all(r["active_s"] <= r["t_done"] - r["t_send"] + 1e-6 for r in runs)
+    assert any(r["active_s"] < 0.75 * (r["t_done"] - r["t_send"]) for r in runs), "the core was shared"
+    turns = [t for r in raw if "turns" in r for t in r["turns"]]
+    assert turns and all(sorted(t["labels"]) == ["A", "B"] for t in turns)
+    assert all(t["served_s"]["A"] + t["served_s"]["B"] <= 1.02 * t["wall_s"] for t in turns), turns
 
 
 def test_sleep_slowed_candidate_is_rejected(judged):
@@ -251,7 +281,7 @@ def test_other_load_on_a_slot_disturbs_the_turn(judged, tmp_path):
 def one_slot(tmp_path_factory):
     """The interleaved design (the GPU's, one device) on one CPU core, Phase 0 done."""
     home = Home(tmp_path_factory.mktemp("one-slot") / "home")
-    _tiny_spec(home, "smollm-one", '"cpu:0"')
+    _tiny_spec(home, "smollm-one", '"cpu:0"', "interleaved")
     dep = load_deployment("smollm-one", home)
     ws, _ = Workspace.init(home, dep)
     return home, dep, ws, controller.run_phase0(dep, home)

@@ -94,6 +94,20 @@ def test_slot_kind_must_match_device(tmp_path):
         load_deployment_file(p)
 
 
+def test_paired_design_follows_the_slots_and_a_wrong_one_is_named(tmp_path):
+    assert load_deployment("smollm-cpu").design == "sliced"
+    assert load_deployment("smollm-h200").design == "interleaved"
+    gpu = (SHIPPED / "smollm-h200.toml").read_text()
+    p = _write(tmp_path, "smollm-h200", gpu.replace("[controller]", '[controller]\ndesign = "sliced"'))
+    with pytest.raises(SpecPilotError, match=r"design 'sliced' needs CPU slots"):
+        load_deployment_file(p)
+    p = _write(tmp_path, "smollm-h200", gpu.replace("[controller]", '[controller]\ndesign = "swapped"'))
+    with pytest.raises(SpecPilotError, match=r"design 'swapped' needs two slots"):
+        load_deployment_file(p)
+    one = _base_text().replace(', "cpu:1"', "").replace("[controller]", '[controller]\ndesign = "interleaved"')
+    assert load_deployment_file(_write(tmp_path, "smollm-cpu", one)).design == "interleaved"
+
+
 def test_name_must_match_file(tmp_path):
     p = _write(tmp_path, "other", _base_text())
     with pytest.raises(SpecPilotError, match=r"must match the file name 'other'"):
