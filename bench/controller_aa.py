@@ -78,7 +78,9 @@ def main() -> None:
             burn = (f"        _t = __import__('time'); _end = _t.thread_time() + {delay:.6f}\n"
                     "        while _t.thread_time() < _end: pass\n")  # fmt: skip
             gen.write_text(gen.read_text().replace(STEP, burn + STEP, 1))
-            ws.commit_worktree(wt, f"stock slowed by {args.gain:.0%} of a step (CPU burn {delay * 1e3:.2f} ms)")
+            ws.commit_worktree(
+                wt, f"stock slowed by {args.gain:.0%} of a step (CPU burn {delay * 1e3:.2f} ms)"
+            )
         baseline, candidate = f"cand/{name}", "stock"
     else:
         baseline, candidate = "stock", aa_copy(ws)
@@ -89,6 +91,7 @@ def main() -> None:
         rows.append({"gain": ev.gain, "lower_bound": ev.lower_bound, "approved": ev.approved,
                      "threshold": ev.threshold, "sigma": ev.sigma, "seconds": time.monotonic() - t,
                      "blocks": ev.evidence.get("n"), "set_aside": ev.evidence.get("set_aside"),
+                     "decided_s": (ev.evidence.get("rounds_s") or [[None]])[-1][0],
                      "verdict": ev.id, "reasons": ev.reasons})  # fmt: skip
         print(f"{i + 1:3d}: gain {ev.gain:.4f} lower bound {ev.lower_bound:.4f} bar {ev.threshold:.2%} "
               f"{'APPROVED' if ev.approved else 'rejected'} ({rows[-1]['seconds']:.0f}s, {rows[-1]['blocks']} blocks) "
@@ -100,6 +103,7 @@ def main() -> None:
             "median_gain": statistics.median(r["gain"] for r in rows),
             "max_lower_bound": max(r["lower_bound"] for r in rows),
             "median_seconds_to_verdict": statistics.median(r["seconds"] for r in rows),
+            "median_seconds_to_decision": statistics.median(r["decided_s"] or r["seconds"] for r in rows),
             "median_blocks": statistics.median(r["blocks"] or 0 for r in rows),
             "pooled_block_sd": noise["pooled_sd"], "aa_runs": len(noise["runs"]),
             "cpu": os.cpu_count(), "load_average": os.getloadavg(), "rows": rows,

@@ -229,7 +229,9 @@ def compare(
             state["k_max"] = max(
                 MIN_LOOK, min(c.max_blocks, int(len(quiet) + (c.budget_s - elapsed) / max(pace, 1e-3)))
             )
-        verdict, _ = _look(run, quiet, state["k_max"], sd, c, final or len(quiet) >= state["k_max"])
+        prev = state.get("last", 0)  # the previous look's block count
+        verdict, _ = _look(run, quiet, state["k_max"], sd, c, final or len(quiet) >= state["k_max"], prev=prev)
+        state["look"], state["last"] = (len(quiet), prev), len(quiet)
         return not verdict.decided
 
     try:
@@ -258,7 +260,11 @@ def compare(
         records.finish_run(db, run_id, summary={"blocks": len(run.blocks)}, raw_path=str(raw))
         return _store(db, dep, run_id, baseline.tree, candidate.tree, False, bool(changed), 0.0, 0.0,
                       float(noise["sigma"]), 0.0, fatal, evidence)  # fmt: skip
-    verdict, res = _look(run, quiet, state.get("k_max", max(MIN_LOOK, len(quiet))), sd, c, True, fatal)
+    k_max = state.get("k_max", max(MIN_LOOK, len(quiet)))
+    # The verdict is the last look's when the run ended at it (same α); else a look of its own.
+    at, prev = state.get("look", (None, 0))
+    prev = prev if at == len(quiet) else state.get("last", 0)
+    verdict, res = _look(run, quiet, k_max, sd, c, True, fatal, prev)
     audit_summary: dict[str, Any] | None = None
     if audit_output and (verdict.approved or changed):  # approved on speed, or its output differs: score it
         progress("token-forcing audit")
@@ -271,9 +277,7 @@ def compare(
         result = audit_outputs(dep, home, db, audited, outputs, run.outputs["A"])
         audit_summary = audit_json(result, contexts(dep, home, result, outputs)) | {"top_up": top}
         if result.reasons or fatal:
-            verdict, res = _look(
-                run, quiet, state.get("k_max", len(quiet)), sd, c, True, fatal + result.reasons
-            )
+            verdict, res = _look(run, quiet, k_max, sd, c, True, fatal + result.reasons, prev)
     sigma = sigma_for(sd, len(quiet))
     evidence = {
         "design": run.design, "block_gains": res.block_gains, "n": res.n, "log_sd": res.log_sd,
@@ -283,6 +287,7 @@ def compare(
         "warmup": c.warmup_requests, "raw": str(raw), "audit": audit_summary,
         "noise_runs": [r["run_id"] for r in noise["runs"]], "k_max": state.get("k_max"),
         "ready_s": [{lb: u.get("ready_s") for lb, u in p.usage.items()} for p in run.periods],
+        "rounds_s": [[round(t, 1), n] for t, n in state.get("t", [])],  # (seconds in, blocks) after each round
     }  # fmt: skip
     records.finish_run(db, run_id, summary={"gain": res.gain, "lower_bound": res.lower_bound, "blocks": res.n},
                        raw_path=str(raw))  # fmt: skip
@@ -292,9 +297,11 @@ def compare(
                   res.lower_bound, sigma, verdict.threshold, verdict.reasons, evidence)  # fmt: skip
 
 
-def _look(run: PairedRun, quiet: list, k_max: int, sd: float, c, final: bool, fatal: list[str] = ()):
-    """The sequential look at the quiet blocks so far: (Verdict, PairedStats)."""
-    alpha, beta = look_levels(len(quiet), k_max)
+def _look(
+    run: PairedRun, quiet: list, k_max: int, sd: float, c, final: bool, fatal: list[str] = (), prev: int = 0
+):
+    """The sequential look at the quiet blocks so far (the previous look at `prev`): (Verdict, PairedStats)."""
+    alpha, beta = look_levels(len(quiet), k_max, prev)
     res = paired_stats(quiet, level=alpha, futility=beta)
     verdict = decide(res, sigma_for(sd, len(quiet)), changes_output=bool(run.changes_output()),
                      min_gain=c.min_gain, output_change_gain=c.output_change_gain, extra_reasons=fatal, final=final)  # fmt: skip

@@ -14,10 +14,11 @@ deployment pooled (`pooled_sd`), at the comparison's number of blocks (`sigma_fo
 
 Approval: the one-sided lower bound of the geometric-mean gain exceeds 1 + min_gain + 2σ (3% + 2σ
 when the output changes). Blocks are added while the verdict is undecided (`look`): after each
-block from the third on, the candidate is approved when the lower bound at level α_k clears the
-bar, and rejected when the upper bound at level β_k falls below it. α_k is the increment of the
-Lan–DeMets Pocock-type spending function α(t) = α ln(1 + (e − 1) t), t = k / K_max (Lan & DeMets,
-Biometrika 70:659, 1983), and each look is a t-test at its increment, so by the union bound the
+round once MIN_LOOK blocks are in, the candidate is approved when the lower bound at level α_k
+clears the bar, and rejected when the upper bound at level β_k falls below it. α_k is the
+increment since the previous look of the Lan–DeMets Pocock-type spending function
+α(t) = α ln(1 + (e − 1) t), t = k / K_max (Lan & DeMets, Biometrika 70:659, 1983), and each look is
+a t-test at its increment, so by the union bound the
 chance of approving a candidate whose gain is at or below the bar is at most α over all looks
 (conservative: it ignores the correlation between looks). Rejection for futility does not add
 to that chance (it never approves), whatever β_k (spent the same way from β).
@@ -125,11 +126,11 @@ def spent(k: int, k_max: int, total: float) -> float:
     return total * math.log(1 + (math.e - 1) * t)
 
 
-def look_levels(k: int, k_max: int) -> tuple[float, float]:
-    """(α_k, β_k): this look's share of the false-approval and futility errors (looks from MIN_LOOK)."""
-    first = MIN_LOOK
-    prev = spent(k - 1, k_max, 1.0) if k > first else 0.0
-    frac = spent(k, k_max, 1.0) - prev
+def look_levels(k: int, k_max: int, prev: int = 0) -> tuple[float, float]:
+    """(α_k, β_k): this look's share of the false-approval and futility errors — what the spending
+    function spent between the previous look, at `prev` blocks (0: this is the first), and this
+    one at `k`. Looks may skip block counts (a sliced round adds a block per slot)."""
+    frac = spent(k, k_max, 1.0) - (spent(prev, k_max, 1.0) if prev else 0.0)
     return ALPHA * frac, BETA * frac
 
 

@@ -49,7 +49,10 @@ def fake_logprob(ctx: list[int], token: int) -> float:
 
 def spec_text(name: str, *, model: str = "fake/target", sets: str = "{ mine = 4 }", max_new_tokens: int = 32,
               blocks: int = 3, slots: str = '["cpu:0", "cpu:1"]', block_size: int = 4) -> str:  # fmt: skip
-    """A deployment of the sglang engine on CPU slots, its stock the fake's pin."""
+    """A deployment of the sglang engine on CPU slots, its stock the fake's pin, judged in the GPU
+    designs (swapped on two slots, interleaved on one), as a real SGLang server on GPUs would be:
+    the fake paces its steps with sleeps, which a sliced design would not charge it for."""
+    design = "swapped" if "," in slots else "interleaved"
     return f"""\
 name = "{name}"
 description = "SGLang adapter test deployment (protocol fake)"
@@ -89,6 +92,7 @@ blocks = {blocks}
 budget_s = 60
 max_blocks = 6
 warmup_requests = 1
+design = "{design}"
 """
 
 

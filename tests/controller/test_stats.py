@@ -102,44 +102,51 @@ def test_pooled_sd_and_sigma_by_hand():
 
 def test_spending_spends_alpha_by_the_last_look_and_never_more():
     k_max = 12
-    levels = [look_levels(k, k_max) for k in range(MIN_LOOK, k_max + 1)]
-    assert sum(a for a, _ in levels) == pytest.approx(ALPHA)
-    assert sum(b for _, b in levels) == pytest.approx(BETA)
-    assert all(a > 0 for a, _ in levels)
+    for step in (1, 2):  # a look every block, or every round of two blocks (sliced on two cores)
+        looks = list(range(MIN_LOOK + (step - 1) * (MIN_LOOK % 2), k_max + 1, step))
+        levels = [look_levels(k, k_max, prev) for prev, k in zip([0, *looks], looks, strict=False)]
+        assert sum(a for a, _ in levels) == pytest.approx(ALPHA)
+        assert sum(b for _, b in levels) == pytest.approx(BETA)
+        assert all(a > 0 for a, _ in levels)
     assert spent(k_max, k_max, 1.0) == pytest.approx(1.0) and spent(k_max + 5, k_max, 1.0) == pytest.approx(
         1.0
     )
-    assert look_levels(k_max + 1, k_max) == (0.0, 0.0)  # past the planned looks nothing is left
+    assert look_levels(k_max + 1, k_max, k_max) == (0.0, 0.0)  # past the planned looks nothing is left
 
 
-def _sequential(rng, gain: float, sd: float, bar: float, k_max: int) -> bool:
-    """One sequential comparison with block log gains ~ N(log gain, sd): approved?"""
-    logs = []
-    for k in range(1, k_max + 1):
-        logs.append(rng.normal(math.log(gain), sd))
+def _sequential(rng, gain: float, sd: float, bar: float, k_max: int, step: int = 1) -> bool:
+    """One sequential comparison with block log gains ~ N(log gain, sd), `step` blocks a round: approved?"""
+    logs: list[float] = []
+    prev = 0
+    while len(logs) < k_max:
+        logs += list(rng.normal(math.log(gain), sd, size=step))
+        k = len(logs)
         if k < MIN_LOOK:
             continue
-        alpha, beta = look_levels(k, k_max)
+        alpha, beta = look_levels(k, k_max, prev)
+        prev = k
         blocks = [[PairSpeeds(1.0, math.exp(x))] for x in logs]
         v = decide(
-            paired_stats(blocks, alpha, beta), sigma=(bar - 0.01) / 2, changes_output=False, final=k == k_max
+            paired_stats(blocks, alpha, beta), sigma=(bar - 0.01) / 2, changes_output=False, final=k >= k_max
         )
         if v.decided:
             return v.approved
     return False
 
 
-def test_sequential_false_approvals_stay_under_alpha_at_the_bar():
+@pytest.mark.parametrize("step", [1, 2])
+def test_sequential_false_approvals_stay_under_alpha_at_the_bar(step):
     """A candidate exactly at the bar, judged with every look: approved at most α of the time."""
     rng = np.random.default_rng(7)
     bar = 0.02
-    approved = sum(_sequential(rng, 1 + bar, sd=0.015, bar=bar, k_max=15) for _ in range(2000))
+    approved = sum(_sequential(rng, 1 + bar, sd=0.015, bar=bar, k_max=16, step=step) for _ in range(2000))
     assert approved / 2000 <= ALPHA
 
 
 def test_sequential_design_approves_a_clear_gain_and_stops_early():
     rng = np.random.default_rng(8)
     assert sum(_sequential(rng, 1.06, sd=0.01, bar=0.02, k_max=15) for _ in range(200)) >= 190
+    assert sum(_sequential(rng, 1.06, sd=0.01, bar=0.02, k_max=16, step=2) for _ in range(200)) >= 190
 
 
 def _ps(gain, lb, ub=math.inf):
