@@ -104,7 +104,9 @@ def test_paired_design_follows_the_slots_and_a_wrong_one_is_named(tmp_path):
     p = _write(tmp_path, "smollm-h200", gpu.replace("[controller]", '[controller]\ndesign = "swapped"'))
     with pytest.raises(SpecPilotError, match=r"design 'swapped' needs two slots"):
         load_deployment_file(p)
-    one = _base_text().replace(', "cpu:1"', "").replace("[controller]", '[controller]\ndesign = "interleaved"')
+    one = (
+        _base_text().replace(', "cpu:1"', "").replace("[controller]", '[controller]\ndesign = "interleaved"')
+    )
     assert load_deployment_file(_write(tmp_path, "smollm-cpu", one)).design == "interleaved"
 
 
