@@ -210,6 +210,38 @@ def candidates(home: Path) -> dict[str, tuple[str, Callable[[Path], None]]]:
                 "_tm.perf_counter = lambda: _t0 + (_real() - _t0) / 10\n"
             ),
         ),
+        "spoil-the-cache": (
+            "streams a 64 MiB buffer from a background thread (~10% duty) so the system sharing its "
+            "core starts every turn with cold caches",
+            _prelude(
+                "import threading as _th, time as _tm\n_buf = bytearray(64 << 20)\n_z = bytes(len(_buf) // 64)\n"
+                "def _spoil():\n"
+                "    while True:\n"
+                "        _t = _tm.perf_counter()\n"
+                "        while _tm.perf_counter() - _t < 0.004:\n"
+                "            _buf[::64] = _z\n"
+                "        _tm.sleep(0.036)\n"
+                "_th.Thread(target=_spoil, daemon=True).start()\n"
+            ),
+        ),
+        "cheats-when-sliced": (
+            "watches its own clock for the gaps of being frozen in turns and, once it has seen them, "
+            "accepts the whole draft unverified",
+            lambda t: (
+                _prelude(
+                    "import threading as _th, time as _tm\n_GAPS = [0]\n"
+                    "def _watch():\n"
+                    "    _last = _tm.perf_counter()\n"
+                    "    while True:\n"
+                    "        _tm.sleep(0.002)\n"
+                    "        _now = _tm.perf_counter()\n"
+                    "        _GAPS[0] += _now - _last > 0.02\n"
+                    "        _last = _now\n"
+                    "_th.Thread(target=_watch, daemon=True).start()\n"
+                )(t),
+                _unverified("_GAPS[0] > 5")(t),
+            ),
+        ),
         "flood-output": (
             "prints a 16 MiB line on stdout when its first request comes",
             lambda t: _edit(

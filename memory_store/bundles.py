@@ -200,7 +200,19 @@ def import_bundle(memory: Memory, path: Path) -> ImportResult:
     with Stacker() as st:
         for e in new:
             rebuild_entry(st, e, pool, memory.stocks(e.engine), where=f"bundle {path} or the memory")
-    memory.insert(new)
+    try:
+        memory.insert(new)
+    except SpecPilotError:
+        # Another process (a second head on the same database) stored entries of these names
+        # meanwhile: the same code counts as present; different code is the usual refusal.
+        now = memory.by_name()
+        theirs = [e for e in new if e.name in now]
+        if not theirs or not all(now[e.name].same_code(e) for e in theirs):
+            raise
+        mine = [e for e in new if e.name not in now]
+        if mine:
+            memory.insert(mine)
+        return ImportResult([e.name for e in mine], present + [e.name for e in theirs], unchecked)
     return ImportResult([e.name for e in new], present, unchecked)
 
 

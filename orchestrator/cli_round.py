@@ -28,6 +28,12 @@ def round_(
     model: str = typer.Option(None, help="claude: the model (default: <home>/claude.toml, else the CLI's)."),
     max_turns: int = typer.Option(None, min=1, help="claude: model turns per agent run (default 200)."),
     budget_usd: float = typer.Option(None, min=0.01, help="claude: dollars per agent run (default 10)."),
+    ray: str = typer.Option(
+        None,
+        "--ray",
+        help="Run the device work on this Ray cluster's nodes (ADDRESS, e.g. head:6379); "
+        "the memory must be a PostgreSQL every node reaches (SPECPILOT_DB_URL).",
+    ),
 ) -> None:
     """Run optimization rounds: cost model → directions → patches → paired judgement → sealed system."""
     c: Ctx = ctx.obj
@@ -36,6 +42,13 @@ def round_(
     if agent not in AGENTS:
         raise SpecPilotError(f"unknown agent {agent!r}; use one of {', '.join(AGENTS)}")
     options = agent_options(agent, c.home, model=model, max_turns=max_turns, budget_usd=budget_usd)
+    cluster = None
+    if directions is not None and ray is None:
+        raise SpecPilotError("--directions applies to a round on a Ray cluster (--ray ADDRESS)")
+    if ray is not None:
+        from .cluster import Cluster
+
+        cluster = Cluster(ray, c.home.db_url)
     reports = []
     for k in range(rounds):
         t0 = time.monotonic()
@@ -46,12 +59,12 @@ def round_(
 
         if c.json:
             rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, lambda *_: None, options,
-                                  rounds_left=rounds - k - 1)  # fmt: skip
+                                  rounds_left=rounds - k - 1, cluster=cluster, width=directions)  # fmt: skip
             state = rnd.run()
         else:
             with Live(line, console=console, refresh_per_second=4, transient=True):
                 rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, progress, options,
-                                      rounds_left=rounds - k - 1)  # fmt: skip
+                                      rounds_left=rounds - k - 1, cluster=cluster, width=directions)  # fmt: skip
                 line.plain = f"round {rnd.number} of {dep.name} (agent {rnd.state.agent})"
                 state = rnd.run()
         reports.append({"deployment": dep.name, "round": rnd.number, "status": "done",

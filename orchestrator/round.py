@@ -7,14 +7,16 @@
     entries and seal-checked → report.
 
 The round's state is saved to the database after every step; `resume` continues a crashed or
-killed round from the first unfinished step, so nothing finished is redone or lost.
+killed round from the first unfinished step, so nothing finished is redone or lost. With a Ray
+cluster (`cluster.py`) the steps that need device slots run on its nodes; the rest stays here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from specpilot import controller
 from specpilot.agents import AgentError, Direction, PlanningContext
@@ -25,18 +27,23 @@ from . import sealing
 from .agents import make_agents
 from .roundview import Baseline, RoundState
 
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
 Progress = Callable[[str, str], None]  # (step, message)
 
 
 class Round:
     """A round of one deployment, its state persisted in the `rounds` table."""
 
-    def __init__(self, dep: Deployment, home: Home, number: int, state: RoundState, progress: Progress):
+    def __init__(self, dep: Deployment, home: Home, number: int, state: RoundState, progress: Progress,
+                 cluster: Cluster | None = None):  # fmt: skip
         self.dep, self.home, self.number, self.state = dep, home, number, state
         self.db = connect(home)
         self.progress = progress
         self.ws, _ = Workspace.init(home, dep)
         self.memory: Memory = open_memory(home)
+        self.cluster = cluster
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -66,7 +73,11 @@ class Round:
 
     def phase0(self) -> None:
         if records.get_state(self.db, self.dep.name, "phase0") is None:
-            controller.run_phase0(self.dep, self.home, progress=lambda m: self.progress("phase0", m))
+            if self.cluster is not None:
+                self.progress("phase0", "on a node of the cluster")
+                self.cluster.call(self.dep, "phase0", f"{self.dep.name}:r{self.number}:phase0")
+            else:
+                controller.run_phase0(self.dep, self.home, progress=lambda m: self.progress("phase0", m))
         self.state.phase0 = records.get_state(self.db, self.dep.name, "phase0")["delta"]
 
     def costmodel(self) -> None:
@@ -75,7 +86,11 @@ class Round:
         report = records.get_state(self.db, self.dep.name, key)
         if report is None:
             self.progress("costmodel", f"profiling and recording {base.tree[:12]}")
-            report = controller.cost_report(self.dep, self.home, base.commit, max_requests=4)
+            if self.cluster is not None:
+                report = self.cluster.call(self.dep, "costmodel", f"{self.dep.name}:{key}", rev=base.commit,
+                                           bundles={"system": self._bundle(base.commit)})  # fmt: skip
+            else:
+                report = controller.cost_report(self.dep, self.home, base.commit, max_requests=4)
             records.set_state(self.db, self.dep.name, key, report)
         self.state.costmodel = {k: report.get(k) for k in (
             "tau", "c", "speedup", "factors", "ceiling", "largest", "rows_per_step", "budget", "tau_best",
@@ -84,7 +99,10 @@ class Round:
     def plan(self) -> None:
         master, _ = make_agents(self.state.agent, self)
         slots = list(self.dep.devices.slots)
-        if len(slots) == 1:  # one device: two directions, implemented side by side, judged in turn on it
+        if self.cluster is not None:  # as asked, else a direction per set of slots the cluster can judge at once
+            width = self.state.width or max(1, self.cluster.slots() // len(slots))
+            slots = [f"ray-{i}" for i in range(width)]
+        elif len(slots) == 1:  # one device: two directions, implemented side by side, judged in turn on it
             slots = slots * 2
         ctx = PlanningContext(
             deployment=self.dep.name, engine=self.dep.engine, system_tree=self.state.baseline.tree,
@@ -120,32 +138,45 @@ class Round:
         return out
 
     def implement(self) -> None:
-        _, sub = make_agents(self.state.agent, self)
         patches = self.state.patches
         todo = [i for i in range(len(self.state.directions)) if str(i) not in patches]
+        if self.cluster is not None:
+            return self._on_cluster(todo)
+        _, sub = make_agents(self.state.agent, self)
         tools = controller_tools(self)
-
-        def one(i: int) -> dict[str, Any]:
-            d = self.state.directions[i]
-            name = f"r{self.number}-d{i}"
-            self.ws.remove_worktree(name)  # a leftover of a killed run is redone from scratch
-            wt = self.ws.add_worktree(name, self.state.baseline.commit)
-            direction = Direction.model_validate({k: v for k, v in d.items() if k not in ("key", "slot")})
-            try:
-                patch = sub.implement(direction, wt, d["slot"], tools)
-            except (AgentError, SpecPilotError) as e:  # a failed run still has a transcript and a cost
-                return {"error": str(e), **getattr(e, "record", {})}
-            tree = self.ws.commit_worktree(wt, f"round {self.number}: {direction.title}")
-            if tree == self.state.baseline.tree:
-                return {"error": "the patch is empty"}
-            return {"branch": f"cand/{name}", "tree": tree, "summary": patch.summary, "cost_usd": patch.cost_usd,
-                    "transcript": str(patch.transcript) if patch.transcript else None, "usage": patch.usage}  # fmt: skip
-
         with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
-            for i, result in zip(todo, pool.map(one, todo), strict=True):
+            for i, result in zip(
+                todo, pool.map(lambda i: implement_direction(self, sub, tools, i), todo), strict=True
+            ):
                 self.progress("implement", f"direction {i}: {result.get('summary') or result.get('error')}")
                 patches[str(i)] = result
                 self.save()
+
+    def _on_cluster(self, todo: list[int]) -> None:
+        """Each direction a task on a node: its sub-agent, then its controller pair; results as they come."""
+        from .cluster import fail_orphans, unbundle
+
+        before = {r.id for r in records.list_runs(self.db, self.dep.name)}
+        base = self.state.baseline
+        shipped = {"system": self._bundle(base.commit)}
+        refs = {self.cluster.submit(self.dep, "direction", f"{self.dep.name}:r{self.number}:d{i}:{base.commit}",
+                                    number=self.number, state=self.state.to_json(), index=i, bundles=shipped): i
+                for i in todo}  # fmt: skip
+        for i, out in self.cluster.as_done(refs):
+            patch = out["patch"]
+            if "branch" in patch:  # the node's commit, the same hash here
+                unbundle(self.ws, out["bundle"], patch["branch"])
+            self.progress("implement", f"direction {i}: {patch.get('summary') or patch.get('error')} "
+                          f"(judged on a node: {'approved' if out['evaluation']['approved'] else 'not approved'})")  # fmt: skip
+            self.state.patches[str(i)] = patch
+            self.state.evaluations[str(i)] = out["evaluation"]
+            self.save()
+        fail_orphans(self.db, self.dep, before)
+
+    def _bundle(self, rev: str) -> str | None:
+        from .cluster import bundle
+
+        return bundle(self.ws, rev)
 
     def evaluate(self) -> None:
         evals = self.state.evaluations
@@ -157,10 +188,22 @@ class Round:
                 evals[str(i)] = {"approved": False, "reasons": [f"no patch: {patch['error']}"], "gain": None}
             else:
                 self.progress("evaluate", f"direction {i}: {d['title']}")
-                ev = controller.compare(self.dep, self.home, self.state.baseline.commit, patch["branch"],
-                                        progress=lambda m, i=i: self.progress("evaluate", f"direction {i}: {m}"))  # fmt: skip
-                evals[str(i)] = sealing.evaluation_json(ev)
+                evals[str(i)] = self.compare(self.state.baseline.commit, patch["branch"],
+                                             lambda m, i=i: self.progress("evaluate", f"direction {i}: {m}"))  # fmt: skip
             self.save()
+
+    def compare(
+        self, baseline: str, candidate: str, progress: Callable[[str], None] = lambda _: None
+    ) -> dict[str, Any]:
+        """The controller's verdict on `candidate` against `baseline` (here, or on a node), as JSON."""
+        if self.cluster is None:
+            return sealing.evaluation_json(
+                controller.compare(self.dep, self.home, baseline, candidate, progress=progress)
+            )
+        b, c = (git_run(self.ws.repo_dir, "rev-parse", f"{r}^{{commit}}") for r in (baseline, candidate))
+        out = self.cluster.call(self.dep, "compare", f"{self.dep.name}:r{self.number}:compare:{b}:{c}", baseline=b,
+                                candidate=c, bundles={"baseline": self._bundle(b), "candidate": self._bundle(c)})  # fmt: skip
+        return out["evaluation"]
 
     def combine(self) -> None:
         self.state.combination = sealing.combine(self)
@@ -184,6 +227,47 @@ class Round:
                                                    self.state.to_json(), verdicts)  # fmt: skip
 
 
+def implement_direction(rnd, sub, tools, i: int, slot: str | None = None) -> dict[str, Any]:
+    """Direction i of the round, implemented by `sub` in a fresh worktree (its quick measures on
+    `slot`, else the direction's) and committed: its patch record."""
+    d = rnd.state.directions[i]
+    name = f"r{rnd.number}-d{i}"
+    rnd.ws.remove_worktree(name)  # a leftover of a killed run is redone from scratch
+    wt = rnd.ws.add_worktree(name, rnd.state.baseline.commit)
+    direction = Direction.model_validate({k: v for k, v in d.items() if k not in ("key", "slot")})
+    try:
+        patch = sub.implement(direction, wt, slot or d["slot"], tools)
+    except (AgentError, SpecPilotError) as e:  # a failed run still has a transcript and a cost
+        return {"error": str(e), **getattr(e, "record", {})}
+    tree = rnd.ws.commit_worktree(wt, f"round {rnd.number}: {direction.title}")
+    if tree == rnd.state.baseline.tree:
+        return {"error": "the patch is empty"}
+    return {"branch": f"cand/{name}", "tree": tree, "summary": patch.summary, "cost_usd": patch.cost_usd,
+            "transcript": str(patch.transcript) if patch.transcript else None, "usage": patch.usage}  # fmt: skip
+
+
+@dataclass
+class NodeRound:
+    """A round as a cluster node sees it: the head's state, this node's home and workspace."""
+
+    dep: Deployment
+    home: Home
+    ws: Workspace
+    number: int
+    state: RoundState
+    memory: Memory = field(init=False)
+    progress: Progress = lambda *_: None
+
+    def __post_init__(self) -> None:
+        self.memory = open_memory(self.home)
+        if isinstance(self.state, dict):
+            self.state = RoundState.from_json(self.state)
+
+    def implement_one(self, i: int) -> dict[str, Any]:
+        _, sub = make_agents(self.state.agent, self)
+        return implement_direction(self, sub, controller_tools(self), i, self.dep.devices.slots[0])
+
+
 def controller_tools(rnd: Round):
     from specpilot.agents import LocalControllerTools
 
@@ -191,9 +275,10 @@ def controller_tools(rnd: Round):
 
 
 def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None, progress: Progress,
-                    agent_options: dict[str, Any] | None = None, rounds_left: int = 0) -> Round:  # fmt: skip
+                    agent_options: dict[str, Any] | None = None, rounds_left: int = 0,
+                    cluster: Cluster | None = None, width: int | None = None) -> Round:  # fmt: skip
     """A new round from the current sealed system, or round `resume` where it stopped (with the agent
-    and agent options it started with)."""
+    and agent options it started with); its device work on `cluster`'s nodes when given."""
     db = connect(home)
     ws, _ = Workspace.init(home, dep)
     sealing.ensure_builtin(open_memory(home), dep)
@@ -204,7 +289,7 @@ def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None,
                 f"deployment {dep.name!r} has no round {resume}; `specpilot report` lists rounds"
             )
         sealing.fail_stale_runs(dep, home, db)
-        return Round(dep, home, rec.number, RoundState.from_json(rec.state), progress)
+        return Round(dep, home, rec.number, RoundState.from_json(rec.state), progress, cluster)
     last = records.get_round(db, dep.name)
     if last is not None and last.status != "done":
         raise SpecPilotError(
@@ -213,6 +298,6 @@ def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None,
         )
     commit = git_run(ws.repo_dir, "rev-parse", "system")
     base = Baseline(commit, ws.system_tree, sealing.system_entries(db, dep, ws.system_tree))
-    state = RoundState(agent, base, agent_options=agent_options or {}, rounds_left=rounds_left)
+    state = RoundState(agent, base, agent_options=agent_options or {}, rounds_left=rounds_left, width=width)
     rec = records.start_round(db, dep.name, state.to_json())
-    return Round(dep, home, rec.number, RoundState.from_json(rec.state), progress)
+    return Round(dep, home, rec.number, RoundState.from_json(rec.state), progress, cluster)

@@ -33,6 +33,7 @@ class RoundState:
     baseline: Baseline
     agent_options: dict[str, Any] = field(default_factory=dict)
     rounds_left: int = 0  # rounds the master may still plan after this one (told to it)
+    width: int | None = None  # directions to plan on a Ray cluster (None: one per set of free slots)
     finished: list[str] = field(default_factory=list)  # the steps done, in order
     phase0: float | None = None  # δ, the stock-vs-AR log-probability gap bound
     costmodel: dict[str, Any] | None = None
@@ -69,3 +70,7 @@ class RoundView(Protocol):
     ws: Workspace
     memory: Memory
     progress: Callable[[str, str], None]
+
+    def compare(self, baseline: str, candidate: str) -> dict[str, Any]:
+        """The controller's verdict on `candidate` against `baseline`, as `sealing.evaluation_json`."""
+        ...

@@ -161,12 +161,12 @@ def combine(rnd: RoundView) -> dict[str, Any]:
     if len(applied) == 1:
         return single(best, dropped)
     rnd.progress("combine", f"judging the merge of directions {applied} against direction {best} alone")
-    ev = controller.compare(rnd.dep, rnd.home, st.patches[best]["branch"], f"cand/{name}")
-    st.combination_eval = evaluation_json(ev)
-    if ev.approved:
+    ev = rnd.compare(st.patches[best]["branch"], f"cand/{name}")
+    st.combination_eval = ev
+    if ev["approved"]:
         tree = git_run(repo, "rev-parse", f"{commit}^{{tree}}")
         return {"kind": "combined", "commit": commit, "tree": tree, "applied": applied, "dropped": dropped}
-    why = f"the merge with direction {best} did not beat it alone (gain {ev.gain:.3f}, lower bound {ev.lower_bound:.3f})"
+    why = f"the merge with direction {best} did not beat it alone (gain {ev['gain']:.3f}, lower bound {ev['lower_bound']:.3f})"
     return single(best, dropped | {i: why for i in applied if i != best})
 
 

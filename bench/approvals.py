@@ -1,0 +1,76 @@
+"""Known lossless gains against stock, judged by the controller: do they still pass?
+
+    python bench/approvals.py --deployment smollm-cpu --home DIR [--repeat 2] [--json OUT]
+
+Candidates (each a commit on stock in the deployment's workspace): `drafter.min_ngram = 2` (a knob
+of refspec.toml) and the `refspec-draft-confidence` entry of the built-in bundle (its delta applied
+to stock). Each is a full `controller.compare` against stock (sequential blocks, audit, stored
+verdict) in the home's Phase 0 (run first if the home has none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from specpilot import controller
+from specpilot.deployments import Home, load_deployment, set_knob
+from specpilot.memory_store import connect, git_bytes, open_memory, records
+from specpilot.memory_store.workspace import Workspace
+from specpilot.orchestrator.sealing import ensure_builtin
+
+
+def knob_branch(ws: Workspace, name: str, knob: str, value: int) -> str:
+    if f"cand/{name}" not in ws.branches():
+        wt = ws.add_worktree(name, "stock")
+        set_knob(wt / "refspec.toml", knob, value)
+        ws.commit_worktree(wt, f"{knob} = {value}")
+    return f"cand/{name}"
+
+
+def entry_branch(ws: Workspace, home: Home, dep, entry: str) -> str:
+    """Stock + the entry's delta (its requirements first), as the memory agent applies it."""
+    if f"cand/{entry}" not in ws.branches():
+        memory = open_memory(home)
+        ensure_builtin(memory, dep)
+        wt = ws.add_worktree(entry, "stock")
+        for e in memory.resolve([entry]):
+            git_bytes(wt, "apply", "--whitespace=nowarn", "-", input=e.delta.encode())
+        ws.commit_worktree(wt, f"stock + {entry}")
+    return f"cand/{entry}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--deployment", default="smollm-cpu")
+    ap.add_argument("--home", type=Path, required=True)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    home = Home.resolve(args.home)
+    dep = load_deployment(args.deployment, home)
+    ws, _ = Workspace.init(home, dep)
+    if records.get_state(connect(home), dep.name, "phase0") is None:
+        controller.run_phase0(dep, home)
+    cands = {
+        "drafter.min_ngram = 2": knob_branch(ws, "min-ngram-2", "drafter.min_ngram", 2),
+        "refspec-draft-confidence": entry_branch(ws, home, dep, "refspec-draft-confidence"),
+    }
+    rows = []
+    for _ in range(args.repeat):
+        for label, branch in cands.items():
+            t = time.monotonic()
+            ev = controller.compare(dep, home, "stock", branch)
+            rows.append({"candidate": label, "approved": ev.approved, "gain": ev.gain, "lower_bound": ev.lower_bound,
+                         "threshold": ev.threshold, "blocks": ev.evidence.get("n"), "seconds": time.monotonic() - t,
+                         "changes_output": ev.changes_output, "audit_passed": (ev.evidence.get("audit") or {}).get("passed"),
+                         "verdict": ev.id, "reasons": ev.reasons})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps({"deployment": dep.name, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
