@@ -230,7 +230,9 @@ def compare(
                 MIN_LOOK, min(c.max_blocks, int(len(quiet) + (c.budget_s - elapsed) / max(pace, 1e-3)))
             )
         prev = state.get("last", 0)  # the previous look's block count
-        verdict, _ = _look(run, quiet, state["k_max"], sd, c, final or len(quiet) >= state["k_max"], prev=prev)
+        verdict, _ = _look(
+            run, quiet, state["k_max"], sd, c, final or len(quiet) >= state["k_max"], prev=prev
+        )
         state["look"], state["last"] = (len(quiet), prev), len(quiet)
         return not verdict.decided
 

@@ -12,12 +12,16 @@ The controller runs every system through this launcher, so a system under judgem
   root has dropped every capability), with no way to regain privileges, a cap on the size of any
   file it writes (`fsize`), and is placed in its cgroups (`cgroups`: files to write its pid into)
   before any of its code runs.
-The launcher stays outside as the namespace's parent; the namespace's first process reaps orphans
-and exits with the system's status. Every failure to set up is one line on stderr and exit 121.
+The launcher stays outside as the namespace's parent, and outside the cgroups, so it is never
+frozen: when the controller dies (or stops it), it thaws the cgroups and kills the namespace, so a
+system frozen in its turn does not outlive the controller. The namespace's first process reaps
+orphans and exits with the system's status. Every failure to set up is one line on stderr and
+exit 121.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -211,6 +215,37 @@ def drop_privileges(spec: dict, userns: bool) -> None:
     )
 
 
+def _open_cgroups(procs_files: list[str]) -> list[tuple[tuple[int, bytes] | None, int, str]]:
+    """Handles on the system's cgroups — (freeze file and its thaw value, parent folder, name) —
+    opened now: the namespace's new root replaces this process's view of the machine too."""
+    out = []
+    for procs in procs_files:
+        folder = os.path.dirname(procs)
+        freeze = None
+        for name, thawed in (("freezer.state", b"THAWED"), ("cgroup.freeze", b"0")):
+            with contextlib.suppress(OSError):
+                freeze = (os.open(os.path.join(folder, name), os.O_WRONLY), thawed)
+                break
+        parent = os.open(os.path.dirname(folder), os.O_RDONLY | os.O_DIRECTORY)
+        out.append((freeze, parent, os.path.basename(folder)))
+    return out
+
+
+def _thaw(handles: list) -> None:
+    """Thaw the cgroups (a frozen task dies only once thawed, in cgroup v1)."""
+    for freeze, _, _ in handles:
+        if freeze is not None:
+            with contextlib.suppress(OSError):
+                os.write(*freeze)
+
+
+def _remove(handles: list) -> None:
+    """Remove the emptied cgroups (when no controller is left to)."""
+    for _, parent, name in handles:
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=parent)
+
+
 def _code(status: int) -> int:
     """A shell-style exit code: the exit status, or 128 + the signal that ended the process."""
     return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -227,9 +262,11 @@ def main(argv: list[str]) -> int:
     if userns:  # one mapped user: the namespace's root, which drops every capability
         spec["uid"] = spec["gid"] = None
     try:
-        for procs in spec.get("cgroups", []):
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
+        # The controller died: with cgroups, SIGTERM (thaw, then kill: `stop` below); without,
+        # SIGKILL (a SIGSTOPped launcher could not run a handler; the namespace dies with it).
+        death = signal.SIGTERM if spec.get("cgroups") else signal.SIGKILL
+        controller = os.getppid()
+        libc.prctl(PR_SET_PDEATHSIG, death, 0, 0, 0)
         flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
         flags |= 0 if spec.get("net") else CLONE_NEWNET
         uid, gid = os.getuid(), os.getgid()
@@ -244,11 +281,43 @@ def main(argv: list[str]) -> int:
     except (OSError, SetupError) as e:
         print(f"jail: {e}", file=sys.stderr)
         return SETUP_FAILED
+    try:
+        handles = _open_cgroups(spec.get("cgroups", []))
+    except OSError as e:
+        print(f"jail: cgroup: {e}", file=sys.stderr)
+        return SETUP_FAILED
+    placed_r, placed_w = os.pipe()
     child = os.fork()
-    if child:  # outside: forward termination, report the system's status
+    if child:  # outside: place the namespace in the cgroups, forward termination, report the status
+        os.close(placed_r)
+
+        def stop(_sig, _frame) -> None:
+            _thaw(handles)
+            os.kill(child, signal.SIGKILL)
+
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda s, _f: os.kill(child, signal.SIGKILL))
-        return _code(os.waitpid(child, 0)[1])
+            signal.signal(sig, stop)
+        try:
+            for procs in spec.get("cgroups", []):
+                with open(procs, "w") as f:
+                    f.write(str(child))
+        except OSError as e:
+            print(f"jail: cgroup: {e}", file=sys.stderr)
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            return SETUP_FAILED
+        os.write(placed_w, b"1")
+        os.close(placed_w)
+        if os.getppid() != controller:  # it died before the death signal was armed
+            stop(None, None)
+        status = os.waitpid(child, 0)[1]
+        if os.getppid() != controller:  # no one is left to remove the emptied cgroups
+            _remove(handles)
+        return _code(status)
+    os.close(placed_w)
+    if os.read(placed_r, 1) != b"1":  # the launcher failed to place us: nothing of the system runs
+        os._exit(SETUP_FAILED)
+    os.close(placed_r)
     try:  # PID 1 of the new namespace
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         build_root(spec)

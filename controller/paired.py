@@ -1,10 +1,10 @@
 """Paired runs: blocks with fresh processes, baseline A and candidate B on the same requests.
 
-Three designs (`design_of` in context.py picks one per deployment):
+Three designs (`Deployment.design` picks one per deployment):
 - **sliced** (CPU slots, one or more): on every core both systems are loaded and take turns of
   ~50 ms (slicer.py), so the host's drift in a core's speed hits both alike and cancels in their
-  ratio; a request's time is the time its system ran. The measured requests are split across the
-  cores at random, so a block is one pass over them (d_i of stats.PairSpeeds).
+  ratio; a request's time is the time its system ran. The measured requests are dealt across the
+  cores at random, and each core's pair of processes is a block (d_i of stats.PairSpeeds).
 - **swapped** (two slots): a block is two periods; in one, A runs on slot 0 and B on slot 1
   concurrently with the same request stream, in the other the slots are swapped, so a slot's own
   speed cancels (d_i of stats.RequestSpeeds). Which arrangement comes first is drawn per block.

@@ -34,6 +34,9 @@ def round_(
         help="Run the device work on this Ray cluster's nodes (ADDRESS, e.g. head:6379); "
         "the memory must be a PostgreSQL every node reaches (SPECPILOT_DB_URL).",
     ),
+    directions: int = typer.Option(
+        None, min=1, help="--ray: directions to plan (default: as many as the cluster's slots judge at once)."
+    ),
 ) -> None:
     """Run optimization rounds: cost model → directions → patches → paired judgement → sealed system."""
     c: Ctx = ctx.obj

@@ -99,7 +99,9 @@ class Round:
     def plan(self) -> None:
         master, _ = make_agents(self.state.agent, self)
         slots = list(self.dep.devices.slots)
-        if self.cluster is not None:  # as asked, else a direction per set of slots the cluster can judge at once
+        if (
+            self.cluster is not None
+        ):  # as asked, else a direction per set of slots the cluster can judge at once
             width = self.state.width or max(1, self.cluster.slots() // len(slots))
             slots = [f"ray-{i}" for i in range(width)]
         elif len(slots) == 1:  # one device: two directions, implemented side by side, judged in turn on it

@@ -90,7 +90,9 @@ def test_a_hybrid_only_entry_is_offered_only_for_a_target_with_gdn_layers(world)
     assert summary["refspec-tree-verify"]["applicable"]
     hybrid = load_deployment("qwen27b-h100")  # 48 of 64 layers GDN
     assert hybrid.target.arch.gdn_layers == 48
-    assert sealing.fits_target({"target": "hybrid"}, hybrid) and not sealing.fits_target({"target": "hybrid"}, dep)
+    assert sealing.fits_target({"target": "hybrid"}, hybrid) and not sealing.fits_target(
+        {"target": "hybrid"}, dep
+    )
     assert sealing.fits_target({}, dep)
 
 

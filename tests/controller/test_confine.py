@@ -171,3 +171,44 @@ def test_the_cpuset_holds_and_the_freezer_stops_everything(world):
         cg.remove()
         spin.wait(timeout=10)
     assert not Path(cg.procs[0]).exists()
+
+
+CONTROLLER = r"""
+import json, subprocess, sys, time
+from pathlib import Path
+from specpilot.controller.confine import confine
+from specpilot.deployments import Home
+launch = confine([sys.executable, "-I", "-c", "print('up', flush=True)\nimport time\nwhile True: time.sleep(1)"],
+                 role="A", tree=Path(sys.argv[1]), binds=[], home=Home(Path(sys.argv[2])), env={"PATH": "/usr/bin:/bin"},
+                 cpus={0})
+proc = subprocess.Popen(launch.argv, env=launch.env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+assert proc.stdout.readline().strip() == "up"
+launch.cgroup.freeze(True)
+print(json.dumps({"pids": launch.cgroup.pids(), "launcher": proc.pid, "freezer": str(launch.cgroup.dirs["freezer"])}),
+      flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(Cgroup.create(None) is None, reason="no writable cgroup hierarchy with cpuset here")
+def test_a_frozen_system_dies_with_its_controller(world):
+    """The controller is killed while the system sits frozen in its turn: the launcher (outside the
+    cgroup, never frozen) thaws it and kills it, so nothing of it is left running or frozen."""
+    home, tree, _ = world
+    ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(tree), str(home.root)], stdout=subprocess.PIPE,
+                           text=True)  # fmt: skip
+    got = json.loads(ctl.stdout.readline())
+    assert got["pids"] and got["launcher"] not in got["pids"], "the launcher stays outside the cgroup"
+    assert all(_state(p) in ("T", "D", "S") for p in got["pids"])
+    ctl.kill()
+    ctl.wait()
+    deadline = time.monotonic() + 10
+    alive = list(got["pids"]) + [got["launcher"]]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
+    assert not alive, f"left behind: {alive}"
+    procs = Path(got["freezer"]) / "cgroup.procs"
+    assert not procs.exists() or not procs.read_text().split()
+    for d in Path("/sys/fs/cgroup").glob(f"*/{Path(got['freezer']).name}"):
+        d.rmdir()

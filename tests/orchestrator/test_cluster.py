@@ -122,7 +122,9 @@ def test_four_directions_across_two_nodes_one_killed_mid_run(cluster):
     runs = records.list_runs(db, NAME)
     assert not [r for r in runs if r.status == "running"]
     orphans = [r for r in runs if r.status == "failed"]
-    assert orphans and all("node died" in (r.error or "") for r in orphans), [(r.kind, r.error) for r in orphans]
+    assert orphans and all("node died" in (r.error or "") for r in orphans), [
+        (r.kind, r.error) for r in orphans
+    ]
     # Both nodes worked (each keeps a home of its own), and the head holds every candidate commit.
     assert len(list((home / "nodes").iterdir())) == 2
     head_repo = home / "workspaces" / NAME / "repo"
