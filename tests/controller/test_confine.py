@@ -26,6 +26,16 @@ except SpecPilotError as e:
     CONFINE = str(e)
 pytestmark = pytest.mark.skipif(CONFINE is not None, reason=f"cannot confine here: {CONFINE}")
 
+
+def _cgroups_writable() -> bool:
+    cg = Cgroup.create(None)
+    if cg is not None:
+        cg.remove()
+    return cg is not None
+
+
+CGROUPS = _cgroups_writable()
+
 PROBE = r"""
 import json, os, signal, socket, sys
 out = {"uid": os.getuid(), "pid": os.getpid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
@@ -144,7 +154,7 @@ def test_a_file_past_the_size_limit_ends_the_system(world):
     assert "wrote" not in proc.stdout and proc.returncode != 0
 
 
-@pytest.mark.skipif(Cgroup.create(None) is None, reason="no writable cgroup hierarchy with cpuset here")
+@pytest.mark.skipif(not CGROUPS, reason="no writable cgroup hierarchy with cpuset here")
 def test_the_cpuset_holds_and_the_freezer_stops_everything(world):
     home, tree, writable = world
     got = run_probe(home, tree, writable, cpus={0})
@@ -190,7 +200,7 @@ time.sleep(600)
 """
 
 
-@pytest.mark.skipif(Cgroup.create(None) is None, reason="no writable cgroup hierarchy with cpuset here")
+@pytest.mark.skipif(not CGROUPS, reason="no writable cgroup hierarchy with cpuset here")
 def test_a_frozen_system_dies_with_its_controller(world):
     """The controller is killed while the system sits frozen in its turn: the launcher (outside the
     cgroup, never frozen) thaws it and kills it, so nothing of it is left running or frozen."""
