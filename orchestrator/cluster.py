@@ -177,7 +177,7 @@ class Cluster:
             )
         self.ray, self.db_url = ray, db_url
         ray.init(address=address, namespace="specpilot", log_to_driver=False, ignore_reinit_error=True)
-        self.task = ray.remote(node_job).options(max_retries=RETRIES, retry_exceptions=False)
+        self.task = ray.remote(max_retries=RETRIES, retry_exceptions=False)(node_job)
 
     def slots(self) -> int:
         """Device slots the cluster's nodes offer, in all."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -58,8 +59,8 @@ def _spec(home: Path) -> None:
     text = (SHIPPED / "smollm-cpu.toml").read_text()
     text = text.replace('name = "smollm-cpu"', f'name = "{NAME}"')
     text = text.replace('slots = ["cpu:0", "cpu:1"]', 'slots = ["cpu:0"]')
-    text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 3 }")
-    text = text.replace("max_new_tokens = 64", "max_new_tokens = 24")
+    text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 2 }")
+    text = text.replace("max_new_tokens = 64", "max_new_tokens = 16")
     text = re.sub(r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$",
                   "blocks = 3\nbudget_s = 20\nmax_blocks = 4", text)  # fmt: skip
     (home / "deployments").mkdir(parents=True, exist_ok=True)
@@ -133,7 +134,9 @@ def test_four_directions_across_two_nodes_one_killed_mid_run(cluster):
             tree = subprocess.run(["git", "-C", str(head_repo), "rev-parse", f"{p['branch']}^{{tree}}"],
                                   capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
             assert tree == p["tree"]
-    assert json.loads(out)["round"] == 1
+    text = out.decode()
+    report = json.loads(text[text.index("{\n") :])  # Ray may print a line of its own first (the node it lost)
+    assert report["round"] == 1 and report["status"] == "done"
 
 
 HEAD = """
@@ -166,7 +169,7 @@ def test_two_heads_write_the_same_memory_at_once(tmp_path, pg):
     for tag in ("p", "q"):
         for i in range(3):
             t = trees / f"{tag}{i}"
-            subprocess.run(["cp", "-r", str(stock_tree_path("refspec")), str(t)], check=True)
+            shutil.copytree(stock_tree_path("refspec"), t, ignore=shutil.ignore_patterns("__pycache__"))
             (t / "refspec" / f"note_{tag}{i}.py").write_text(f"NOTE = {i}\n")
     go = tmp_path / "go"
     heads = [subprocess.Popen([sys.executable, "-c", HEAD, str(tmp_path / f"home-{tag}"), tag, str(go), str(trees)],
