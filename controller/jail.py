@@ -29,6 +29,7 @@ import platform
 import resource
 import signal
 import sys
+import time
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -239,11 +240,20 @@ def _thaw(handles: list) -> None:
                 os.write(*freeze)
 
 
-def _remove(handles: list) -> None:
-    """Remove the emptied cgroups (when no controller is left to)."""
-    for _, parent, name in handles:
-        with contextlib.suppress(OSError):
-            os.rmdir(name, dir_fd=parent)
+def _remove(handles: list, wait_s: float = 2.0) -> None:
+    """Remove the emptied cgroups (when no controller is left to), once the namespace's last
+    processes, reparented here, are reaped."""
+    left, deadline = list(handles), time.monotonic() + wait_s
+    while left and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        for h in list(left):
+            with contextlib.suppress(OSError):
+                os.rmdir(h[2], dir_fd=h[1])
+                left.remove(h)
+        if left:
+            time.sleep(0.05)
 
 
 def _code(status: int) -> int:
