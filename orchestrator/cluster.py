@@ -122,8 +122,8 @@ def node_job(job: dict[str, Any]) -> dict[str, Any]:
     with claim(home, slots, len(spec["devices"]["slots"])) as mine:
         dep = Deployment.model_validate({**spec, "devices": {**spec["devices"], "slots": mine}})
         ws, _ = Workspace.init(home, dep)
-        for name, data in job.get("bundles", {}).items():
-            unbundle(ws, data, name)
+        for data in job.get("bundles", {}).values():  # the commits the work names, by hash
+            unbundle(ws, data)
         result = run_job(job["kind"], dep, home, ws, job)
     records.set_state(db, dep.name, f"cluster:{job['key']}", result)
     return result

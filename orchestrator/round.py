@@ -75,7 +75,7 @@ class Round:
         if records.get_state(self.db, self.dep.name, "phase0") is None:
             if self.cluster is not None:
                 self.progress("phase0", "on a node of the cluster")
-                self.cluster.call(self.dep, "phase0", f"{self.dep.name}:r{self.number}:phase0")
+                self._on_node("phase0", f"{self.dep.name}:r{self.number}:phase0")
             else:
                 controller.run_phase0(self.dep, self.home, progress=lambda m: self.progress("phase0", m))
         self.state.phase0 = records.get_state(self.db, self.dep.name, "phase0")["delta"]
@@ -87,7 +87,7 @@ class Round:
         if report is None:
             self.progress("costmodel", f"profiling and recording {base.tree[:12]}")
             if self.cluster is not None:
-                report = self.cluster.call(self.dep, "costmodel", f"{self.dep.name}:{key}", rev=base.commit,
+                report = self._on_node("costmodel", f"{self.dep.name}:{key}", rev=base.commit,
                                            bundles={"system": self._bundle(base.commit)})  # fmt: skip
             else:
                 report = controller.cost_report(self.dep, self.home, base.commit, max_requests=4)
@@ -99,9 +99,7 @@ class Round:
     def plan(self) -> None:
         master, _ = make_agents(self.state.agent, self)
         slots = list(self.dep.devices.slots)
-        if (
-            self.cluster is not None
-        ):  # as asked, else a direction per set of slots the cluster can judge at once
+        if self.cluster is not None:  # as asked, else a direction per set of slots judged at once
             width = self.state.width or max(1, self.cluster.slots() // len(slots))
             slots = [f"ray-{i}" for i in range(width)]
         elif len(slots) == 1:  # one device: two directions, implemented side by side, judged in turn on it
@@ -175,6 +173,15 @@ class Round:
             self.save()
         fail_orphans(self.db, self.dep, before)
 
+    def _on_node(self, kind: str, key: str, **job: Any) -> dict[str, Any]:
+        """One task on a node of the cluster, waited for; runs a dead node left are marked failed."""
+        from .cluster import fail_orphans
+
+        before = {r.id for r in records.list_runs(self.db, self.dep.name)}
+        out = self.cluster.call(self.dep, kind, key, **job)
+        fail_orphans(self.db, self.dep, before)
+        return out
+
     def _bundle(self, rev: str) -> str | None:
         from .cluster import bundle
 
@@ -203,7 +210,7 @@ class Round:
                 controller.compare(self.dep, self.home, baseline, candidate, progress=progress)
             )
         b, c = (git_run(self.ws.repo_dir, "rev-parse", f"{r}^{{commit}}") for r in (baseline, candidate))
-        out = self.cluster.call(self.dep, "compare", f"{self.dep.name}:r{self.number}:compare:{b}:{c}", baseline=b,
+        out = self._on_node("compare", f"{self.dep.name}:r{self.number}:compare:{b}:{c}", baseline=b,
                                 candidate=c, bundles={"baseline": self._bundle(b), "candidate": self._bundle(c)})  # fmt: skip
         return out["evaluation"]
 
