@@ -203,6 +203,16 @@ class Cluster:
     def call(self, dep: Deployment, kind: str, key: str, **job: Any) -> dict[str, Any]:
         return self.ray.get(self.submit(dep, kind, key, **job))
 
+    # What the head's Round calls (round.py does not import this module: this module imports it).
+    def bundle(self, ws: Workspace, rev: str) -> str | None:
+        return bundle(ws, rev)
+
+    def unbundle(self, ws: Workspace, data: str | None, branch: str | None = None) -> None:
+        unbundle(ws, data, branch)
+
+    def fail_orphans(self, db, dep: Deployment, before: set[str]) -> None:
+        fail_orphans(db, dep, before)
+
     def as_done(self, refs: dict[Any, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
         """(tag, result) of the tasks `refs` (ref -> tag) in the order they finish."""
         left = list(refs)

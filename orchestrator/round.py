@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specpilot import controller
 from specpilot.agents import AgentError, Direction, PlanningContext
@@ -27,9 +27,6 @@ from . import sealing
 from .agents import make_agents
 from .roundview import Baseline, RoundState
 
-if TYPE_CHECKING:
-    from .cluster import Cluster
-
 Progress = Callable[[str, str], None]  # (step, message)
 
 
@@ -37,13 +34,13 @@ class Round:
     """A round of one deployment, its state persisted in the `rounds` table."""
 
     def __init__(self, dep: Deployment, home: Home, number: int, state: RoundState, progress: Progress,
-                 cluster: Cluster | None = None):  # fmt: skip
+                 cluster: Any = None):  # fmt: skip
         self.dep, self.home, self.number, self.state = dep, home, number, state
         self.db = connect(home)
         self.progress = progress
         self.ws, _ = Workspace.init(home, dep)
         self.memory: Memory = open_memory(home)
-        self.cluster = cluster
+        self.cluster = cluster  # orchestrator.cluster.Cluster, used through its methods only (it imports us)
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -154,8 +151,6 @@ class Round:
 
     def _on_cluster(self, todo: list[int]) -> None:
         """Each direction a task on a node: its sub-agent, then its controller pair; results as they come."""
-        from .cluster import fail_orphans, unbundle
-
         before = {r.id for r in records.list_runs(self.db, self.dep.name)}
         base = self.state.baseline
         shipped = {"system": self._bundle(base.commit)}
@@ -165,27 +160,23 @@ class Round:
         for i, out in self.cluster.as_done(refs):
             patch = out["patch"]
             if "branch" in patch:  # the node's commit, the same hash here
-                unbundle(self.ws, out["bundle"], patch["branch"])
+                self.cluster.unbundle(self.ws, out["bundle"], patch["branch"])
             self.progress("implement", f"direction {i}: {patch.get('summary') or patch.get('error')} "
                           f"(judged on a node: {'approved' if out['evaluation']['approved'] else 'not approved'})")  # fmt: skip
             self.state.patches[str(i)] = patch
             self.state.evaluations[str(i)] = out["evaluation"]
             self.save()
-        fail_orphans(self.db, self.dep, before)
+        self.cluster.fail_orphans(self.db, self.dep, before)
 
     def _on_node(self, kind: str, key: str, **job: Any) -> dict[str, Any]:
         """One task on a node of the cluster, waited for; runs a dead node left are marked failed."""
-        from .cluster import fail_orphans
-
         before = {r.id for r in records.list_runs(self.db, self.dep.name)}
         out = self.cluster.call(self.dep, kind, key, **job)
-        fail_orphans(self.db, self.dep, before)
+        self.cluster.fail_orphans(self.db, self.dep, before)
         return out
 
     def _bundle(self, rev: str) -> str | None:
-        from .cluster import bundle
-
-        return bundle(self.ws, rev)
+        return self.cluster.bundle(self.ws, rev)
 
     def evaluate(self) -> None:
         evals = self.state.evaluations
@@ -285,7 +276,7 @@ def controller_tools(rnd: Round):
 
 def start_or_resume(dep: Deployment, home: Home, agent: str, resume: int | None, progress: Progress,
                     agent_options: dict[str, Any] | None = None, rounds_left: int = 0,
-                    cluster: Cluster | None = None, width: int | None = None) -> Round:  # fmt: skip
+                    cluster: Any = None, width: int | None = None) -> Round:  # fmt: skip
     """A new round from the current sealed system, or round `resume` where it stopped (with the agent
     and agent options it started with); its device work on `cluster`'s nodes when given."""
     db = connect(home)

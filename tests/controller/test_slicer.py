@@ -70,9 +70,12 @@ def test_two_processes_alternate_and_never_overlap(pair):
     order = "".join(lb for *_, lb in merged)
     assert order in ("AB" * len(order))[: len(order)] or order in ("BA" * len(order))[: len(order)], order
     assert all(prev[1] <= nxt[0] for prev, nxt in zip(merged, merged[1:], strict=False))
-    assert 20 <= len(merged) <= 32, len(merged)
+    # ~30 turns of 25..75 ms (a late slicer thread only makes turns longer, so fewer).
+    assert 15 <= len(merged) <= 36, len(merged)
     given = {lb: active(rs, 0.0, time.perf_counter()) for lb, rs in runs.items()}
-    assert given["A"] == pytest.approx(given["B"], rel=0.2)
+    # Each label's share is half, give or take its ~15 jittered turns (sd of a share ~3%): 7 sd.
+    share = given["A"] / (given["A"] + given["B"])
+    assert 0.3 <= share <= 0.7, given
     # The kernel agrees: each process computed only while the slicer let it (clock ticks: ±0.05 s).
     for lb in pair:
         assert cpu[lb] <= given[lb] + 0.05, (lb, cpu, given)
