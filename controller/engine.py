@@ -76,6 +76,10 @@ class RunningSystem(Protocol):
     def usage(self) -> dict: ...
     def pause(self, on: bool) -> None: ...
     def pids(self) -> list[int]: ...
+    @property
+    def freezes_whole(self) -> bool:
+        """Whether `pause` stops every process of the system (a cgroup freezer), not one group."""
+        ...
 
 
 class EngineAdapter(Protocol):
@@ -190,6 +194,10 @@ class LineProcess:
             raise SystemFailed("system closed its input", self.log_tail()) from None
         return t
 
+    @property
+    def freezes_whole(self) -> bool:
+        return self.launch.cgroup is not None
+
     def pause(self, on: bool) -> None:
         """Freeze (or thaw) the whole system while the other one has its turn on the same device."""
         cg = self.launch.cgroup
@@ -286,6 +294,10 @@ class JsonLinesSystem:
 
     def usage(self) -> dict:
         return self.p.usage()
+
+    @property
+    def freezes_whole(self) -> bool:
+        return self.p.freezes_whole
 
     def pause(self, on: bool) -> None:
         self.p.pause(on)

@@ -61,6 +61,14 @@ def noise_state(db, dep: Deployment) -> dict[str, Any]:
             f"no stock noise for {dep.name!r} yet; run `specpilot phase0 --deployment {dep.name}` "
             f"(or `specpilot controller noise --deployment {dep.name}`) first"
         )
+    here = {"design": dep.design, "slots": len(dep.devices.slots)}
+    then = {"design": noise.get("design"), "slots": noise.get("slots", here["slots"])}
+    if then != here:  # σ is a block's spread in one design on so many slots: it says nothing of another
+        raise SpecPilotError(
+            f"the stock noise of {dep.name!r} was measured in the {then['design']} design on {then['slots']} slot(s); "
+            f"the deployment now asks for {here['design']} on {here['slots']}: run `specpilot controller noise "
+            f"--deployment {dep.name}` (or `specpilot phase0`) again first"
+        )
     return noise
 
 
@@ -141,9 +149,15 @@ def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev
     res = paired_stats(quiet)
     logs = [math.log(g) for g in res.block_gains]
     old = records.get_state(db, dep.name, "noise") or {}
-    runs = [*old.get("runs", []), {"run_id": run_id, "design": run.design, "block_logs": logs}]
-    sd, df = pooled_sd([r["block_logs"] for r in runs if r["design"] == run.design])
-    figures = {"design": run.design, "runs": runs, "pooled_sd": sd, "df": df, "sigma": sigma_for(sd, len(quiet)),
+    slots = len(dep.devices.slots)
+    runs = [
+        *old.get("runs", []),
+        {"run_id": run_id, "design": run.design, "slots": slots, "block_logs": logs},
+    ]
+    sd, df = pooled_sd(
+        [r["block_logs"] for r in runs if (r["design"], r.get("slots", slots)) == (run.design, slots)]
+    )
+    figures = {"design": run.design, "slots": slots, "runs": runs, "pooled_sd": sd, "df": df, "sigma": sigma_for(sd, len(quiet)),
                "gain": res.gain, "lower_bound": res.lower_bound, "n": res.n, "run_id": run_id, "tree": stock.tree,
                "violations": checks.violations(run), "set_aside": len(run.blocks) - len(quiet), "draw": draw}  # fmt: skip
     records.finish_run(db, run_id, summary=figures, raw_path=str(raw))
@@ -230,6 +244,8 @@ def compare(
                 MIN_LOOK, min(c.max_blocks, int(len(quiet) + (c.budget_s - elapsed) / max(pace, 1e-3)))
             )
         prev = state.get("last", 0)  # the previous look's block count
+        if len(quiet) == prev:  # no quiet block since that look (all disturbed): no α to spend on a look
+            return not final
         verdict, _ = _look(
             run, quiet, state["k_max"], sd, c, final or len(quiet) >= state["k_max"], prev=prev
         )

@@ -325,11 +325,15 @@ def main(argv: list[str]) -> int:
             _remove(handles)
         return _code(status)
     os.close(placed_w)
+    for freeze, parent, _ in handles:  # the launcher's: a handle kept here could reach the cgroups
+        os.close(parent)
+        if freeze is not None:
+            os.close(freeze[0])
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # before the wait: the launcher may die in it
     if os.read(placed_r, 1) != b"1":  # the launcher failed to place us: nothing of the system runs
         os._exit(SETUP_FAILED)
     os.close(placed_r)
     try:  # PID 1 of the new namespace
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         build_root(spec)
         libc.sethostname(b"system", 6)
         os.chdir(spec.get("cwd", "/"))

@@ -111,33 +111,45 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
     labels = list(turn)
     key = str(slots[labels[0]])
     if slicer is not None:
+        for lb in labels:  # a process-group signal misses a process that left the group (setsid)
+            if not systems[lb].freezes_whole:
+                raise SystemFailed(
+                    f"system {lb} cannot be frozen whole (no writable cgroup freezer here), so it cannot share "
+                    "its core in time slices: run where /sys/fs/cgroup is writable, or set "
+                    'controller.design = "swapped" in the deployment',
+                    "",
+                )
         slicer.attach(key, {lb: systems[lb] for lb in labels})
     else:
         for label, system in systems.items():
             system.pause(label not in turn)
-    cores = {lb: slots[lb].index for lb in labels if slots[lb].kind == "cpu"}
-    watches = {lb: w for lb in labels if (w := watch_for(slots[lb])) is not None}
-    ours = {pid for s in systems.values() for pid in s.pids()}
-    for w in watches.values():
-        w.start(ours)
-    errors: list[Exception] = []
-    barrier = threading.Barrier(len(labels))
-    finish = (lambda lb: lambda: slicer.finish(key, lb)) if slicer else (lambda lb: lambda: None)
-    threads = [threading.Thread(target=_drive, args=(systems[lb], turn[lb], results[lb], errors, barrier, finish(lb)))
-               for lb in labels]  # fmt: skip
-    cpu0 = {lb: systems[lb].usage()["cpu_s"] for lb in labels}
-    t0, cores0, harness0 = time.perf_counter(), core_times(list(cores.values())), time.process_time()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall, cores1, harness = (
-        time.perf_counter() - t0,
-        core_times(list(cores.values())),
-        time.process_time() - harness0,
-    )
-    gpu = {lb: w.stop() for lb, w in watches.items()}
-    runs = slicer.detach(key) if slicer is not None else None
+    runs = None
+    try:
+        cores = {lb: slots[lb].index for lb in labels if slots[lb].kind == "cpu"}
+        watches = {lb: w for lb in labels if (w := watch_for(slots[lb])) is not None}
+        ours = {pid for s in systems.values() for pid in s.pids()}
+        for w in watches.values():
+            w.start(ours)
+        errors: list[Exception] = []
+        barrier = threading.Barrier(len(labels))
+        finish = (lambda lb: lambda: slicer.finish(key, lb)) if slicer else (lambda lb: lambda: None)
+        threads = [threading.Thread(target=_drive, args=(systems[lb], turn[lb], results[lb], errors, barrier, finish(lb)))
+                   for lb in labels]  # fmt: skip
+        cpu0 = {lb: systems[lb].usage()["cpu_s"] for lb in labels}
+        t0, cores0, harness0 = time.perf_counter(), core_times(list(cores.values())), time.process_time()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall, cores1, harness = (
+            time.perf_counter() - t0,
+            core_times(list(cores.values())),
+            time.process_time() - harness0,
+        )
+        gpu = {lb: w.stop() for lb, w in watches.items()}
+    finally:  # whatever failed, the core is the slicer's no more (every system left frozen)
+        if slicer is not None:
+            runs = slicer.detach(key)
     if errors:
         raise errors[0]
     cpu = {lb: systems[lb].usage()["cpu_s"] - cpu0[lb] for lb in labels}
@@ -340,7 +352,7 @@ def _record_outputs(run: PairedRun, periods: list[PeriodResult], measured: Seque
     for period in periods:
         for label, res in period.results.items():
             seen = run.outputs.setdefault(label, {})
-            for req in (r for r in measured if r.id in res):  # a period of a split block serves a part
+            for req in (r for r in measured if r.id in res):  # a sliced block serves its slot's part
                 tokens = res[req.id].tokens
                 if seen.setdefault(req.id, tokens) != tokens:
                     found.append(

@@ -70,7 +70,7 @@ def run_phase0(
     progress("stock and AR on every request")
     try:
         with lease(home, slots_of(dep)) as slots:
-            if len(slots) == 2:  # side by side; on one slot, taking turns
+            if len(slots) >= 2:  # side by side; on one slot, taking turns
                 where, schedule = {"stock": slots[0], "ar": slots[1]}, [{"stock": reqs, "ar": reqs}]
             else:
                 where, schedule = {"stock": slots[0], "ar": slots[0]}, [{"stock": reqs}, {"ar": reqs}]

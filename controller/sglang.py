@@ -244,6 +244,8 @@ class SglangSystem:
     def usage(self) -> dict:
         return self.proc.usage()
 
+    freezes_whole = False  # process-group signals (GPU turns; never sliced)
+
     def pause(self, on: bool) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)

@@ -4,8 +4,9 @@ On a shared host a core's speed drifts by 10–25% over seconds (memory bandwidt
 by other guests), and that drift, not the systems, was most of a slot-swapped block's spread
 (docs/BENCHMARKS.md). Systems that share a core and alternate every ~50 ms see the same drift, so
 it cancels in their speed ratio. The slicer thaws one system per core and freezes the other,
-flipping every `slice_s`; at any moment every core runs the same label (A everywhere, then B
-everywhere), so a system is never measured beside the other one on the next core. What each
+flipping every `slice_s`; every core runs the same label (A everywhere, then B everywhere), so a
+system is measured beside itself on the next core, not the other one (the cores flip one after
+another, each after its freeze completed: a few ms apart, in the same order at every flip). What each
 system was given is recorded as intervals on the controller's clock, and a request's time is the
 time its system ran between sending and its last token (`active`): frozen time is nobody's.
 A turn's length is drawn between half and one and a half `slice_s`, so a system cannot time the
@@ -34,6 +35,7 @@ class _Core:
     runs: dict[str, list[list[float]]] = field(default_factory=dict)  # label -> [[on, off], ...]
     done: set[str] = field(default_factory=set)
     running: str | None = None
+    errors: list[Exception] = field(default_factory=list)  # freezes that failed on this core
 
 
 class Slicer:
@@ -47,7 +49,6 @@ class Slicer:
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
-        self.errors: list[Exception] = []
 
     def __enter__(self) -> Slicer:
         self.thread = threading.Thread(target=self._loop, name="slicer", daemon=True)
@@ -76,8 +77,8 @@ class Slicer:
         with self.lock:
             core = self.cores.pop(key)
             self._switch(core, None)
-        if self.errors:
-            raise self.errors[0]
+        if core.errors:
+            raise core.errors[0]
         return core.runs
 
     def _loop(self) -> None:
@@ -92,7 +93,7 @@ class Slicer:
                     try:
                         self._switch(core, want)
                     except OSError as e:  # the cgroup could not be frozen: the period fails
-                        self.errors.append(e)
+                        core.errors.append(e)
             phase += 1
             self.stopped.wait(self.slice_s * self.rng.uniform(0.5, 1.5))
 

@@ -5,7 +5,9 @@ independent, while requests served by the same processes are not. Per request i 
 
 - swapped design (two slots, `RequestSpeeds`):  d_i = ½ [log(v_B,s1 / v_A,s0) + log(v_B,s0 / v_A,s1)]
   where v is output speed on the controller's clock; a slot k times faster cancels;
-- interleaved design (one slot, `PairSpeeds`):  d_i = log(v_B / v_A), a turn per request in ABBA
+- sliced design (CPU slots, `PairSpeeds`):  d_i = log(v_B / v_A), both systems serving on one core
+  in ~50 ms turns, v from the time each system ran (a block: one core's pair of processes);
+- interleaved design (one GPU slot, `PairSpeeds`):  d_i = log(v_B / v_A), a turn per request in ABBA
   order, so a request's two runs are adjacent and a linear drift cancels over each two requests.
 
 A block's log gain is mean_i d_i. Stock noise σ is the standard error of the gain stock gets
@@ -14,7 +16,7 @@ deployment pooled (`pooled_sd`), at the comparison's number of blocks (`sigma_fo
 
 Approval: the one-sided lower bound of the geometric-mean gain exceeds 1 + min_gain + 2σ (3% + 2σ
 when the output changes). Blocks are added while the verdict is undecided (`look`): after each
-round once MIN_LOOK blocks are in, the candidate is approved when the lower bound at level α_k
+round once MIN_LOOK quiet blocks are in, the candidate is approved when the lower bound at level α_k
 clears the bar, and rejected when the upper bound at level β_k falls below it. α_k is the
 increment since the previous look of the Lan–DeMets Pocock-type spending function
 α(t) = α ln(1 + (e − 1) t), t = k / K_max (Lan & DeMets, Biometrika 70:659, 1983), and each look is
@@ -54,7 +56,7 @@ class RequestSpeeds:
 
 @dataclass(frozen=True)
 class PairSpeeds:
-    """Output speeds of one request in one interleaved block (each system served it once)."""
+    """Output speeds of one request in one sliced or interleaved block (each system served it once)."""
 
     a: float
     b: float
@@ -130,7 +132,7 @@ def look_levels(k: int, k_max: int, prev: int = 0) -> tuple[float, float]:
     """(α_k, β_k): this look's share of the false-approval and futility errors — what the spending
     function spent between the previous look, at `prev` blocks (0: this is the first), and this
     one at `k`. Looks may skip block counts (a sliced round adds a block per slot)."""
-    frac = spent(k, k_max, 1.0) - (spent(prev, k_max, 1.0) if prev else 0.0)
+    frac = spent(k, k_max, 1.0) - spent(prev, k_max, 1.0)
     return ALPHA * frac, BETA * frac
 
 

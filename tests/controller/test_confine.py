@@ -55,6 +55,9 @@ attempt("net", lambda: socket.create_connection(("127.0.0.1", int(sys.argv[4])),
 attempt("keep_state", lambda: open("/tmp/state", "w").write("from an earlier period"))
 attempt("widen_affinity", lambda: os.sched_setaffinity(0, set(range(os.cpu_count()))))
 out["affinity_after"] = sorted(os.sched_getaffinity(0))
+def init_fds():
+    out["init_fds"] = [os.readlink("/proc/1/fd/" + f) for f in os.listdir("/proc/1/fd")]
+attempt("read_init_fds", init_fds)
 print(json.dumps(out))
 """
 
@@ -159,6 +162,8 @@ def test_the_cpuset_holds_and_the_freezer_stops_everything(world):
     home, tree, writable = world
     got = run_probe(home, tree, writable, cpus={0})
     assert got["affinity"] == [0] and got["affinity_after"] == [0], "a cpuset cannot be widened from inside"
+    # The launcher's handles on the cgroups stay with it: the namespace's init holds none to reach.
+    assert not any("cgroup" in link or "freezer" in link for link in got.get("init_fds", [])), got["init_fds"]
     cg = Cgroup.create({0})
     assert cg is not None
     spin = subprocess.Popen(

@@ -16,11 +16,16 @@ import time
 import psutil
 import pytest
 
+from specpilot.controller.engine import SystemFailed
+from specpilot.controller.paired import _serve_turn
 from specpilot.controller.slicer import Slicer, active
+from specpilot.controller.slots import Slot
 
 
 class Spinner:
     """A busy process pinned to one core, frozen by SIGSTOP to its group."""
+
+    freezes_whole = False  # a process that left the group (setsid) would run on
 
     def __init__(self, core: int):
         code = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
@@ -92,3 +97,11 @@ def test_a_finished_system_hands_the_core_to_the_other(pair):
         runs = slicer.detach("cpu:0")
     assert active(runs["A"], t + 0.06, t + 0.5) == 0.0
     assert active(runs["B"], t + 0.06, t + 0.5) == pytest.approx(0.44, abs=0.02)
+
+
+def test_a_system_that_cannot_be_frozen_whole_is_not_sliced(pair):
+    """Process-group signals miss a helper that left the group: it would run in the other's turns."""
+    slot = Slot("cpu", 0)
+    with Slicer(["A", "B"]) as slicer, pytest.raises(SystemFailed, match="frozen whole"):
+        _serve_turn(pair, {"A": slot, "B": slot}, {"A": [], "B": []}, {"A": {}, "B": {}}, slicer)
+    assert not slicer.cores, "nothing was attached"
