@@ -183,13 +183,18 @@ class Cluster:
         """Device slots the cluster's nodes offer, in all."""
         return int(self.ray.cluster_resources().get(RESOURCE, 0))
 
+    def most_on_one_node(self) -> int:
+        """The most device slots one live node offers (a task needs all of its slots on one node)."""
+        return int(max((n["Resources"].get(RESOURCE, 0) for n in self.ray.nodes() if n["Alive"]), default=0))
+
     def submit(self, dep: Deployment, kind: str, key: str, **job: Any):
         """Start a task (a Ray object ref); its result is stored under `key` before it returns."""
         need = len(dep.devices.slots)
-        if self.slots() < need:
+        if (most := self.most_on_one_node()) < need:  # else Ray would keep the task pending for ever
             raise SpecPilotError(
-                f"the Ray cluster offers {self.slots()} '{RESOURCE}'; deployment {dep.name!r} needs {need} "
-                f"on one node: start nodes with --resources '{{\"{RESOURCE}\": {need}, ...}}' (node_resources)"
+                f"no node of the Ray cluster offers {need} '{RESOURCE}' (the most on one node: {most}); deployment "
+                f"{dep.name!r} needs them on one node: start nodes with --resources "
+                f"'{{\"{RESOURCE}\": {need}, ...}}' (node_resources)"
             )
         payload = {
             "kind": kind,
@@ -214,11 +219,16 @@ class Cluster:
         fail_orphans(db, dep, before)
 
     def as_done(self, refs: dict[Any, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
-        """(tag, result) of the tasks `refs` (ref -> tag) in the order they finish."""
+        """(tag, result) of the tasks `refs` (ref -> tag) in the order they finish; a task that failed
+        (an error in it, or its node dead more than RETRIES times) gives {"error": why}."""
         left = list(refs)
         while left:
             ready, left = self.ray.wait(left, num_returns=1)
-            yield refs[ready[0]], self.ray.get(ready[0])
+            try:
+                out = self.ray.get(ready[0])
+            except self.ray.exceptions.RayError as e:
+                out = {"error": f"its task failed on the cluster: {str(e).strip().splitlines()[-1]}"}
+            yield refs[ready[0]], out
 
 
 def fail_orphans(db, dep: Deployment, before: set[str]) -> None:

@@ -158,6 +158,9 @@ class Round:
                                     number=self.number, state=self.state.to_json(), index=i, bundles=shipped): i
                 for i in todo}  # fmt: skip
         for i, out in self.cluster.as_done(refs):
+            if "error" in out:  # the direction fails; the others go on
+                out = {"patch": {"error": out["error"]},
+                       "evaluation": {"approved": False, "reasons": [f"no verdict: {out['error']}"], "gain": None}}  # fmt: skip
             patch = out["patch"]
             if "branch" in patch:  # the node's commit, the same hash here
                 self.cluster.unbundle(self.ws, out["bundle"], patch["branch"])
