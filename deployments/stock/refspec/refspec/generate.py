@@ -40,6 +40,13 @@ class Stats:
         return {"steps": self.steps, "new_tokens": self.new_tokens, "tau": self.tau}
 
 
+def check_prompt(input_ids: list[int], vocab: int) -> None:
+    if not input_ids:
+        raise RefspecError("input_ids is empty; a request needs at least one prompt token")
+    if any(not 0 <= t < vocab for t in input_ids):
+        raise RefspecError(f"input_ids holds a token outside the vocabulary [0, {vocab})")
+
+
 class ChainPolicy:
     """Stock: verify the lattice's top-1 chain; accept its longest prefix equal to the target's argmax."""
 
@@ -94,11 +101,7 @@ class Engine:
 
     def start(self, input_ids: list[int], max_new_tokens: int, drafting: bool) -> None:
         """Prefill the prompt (all but its last token, which the first step verifies)."""
-        if not input_ids:
-            raise RefspecError("input_ids is empty; a request needs at least one prompt token")
-        vocab = self.model.args.vocab
-        if any(not 0 <= t < vocab for t in input_ids):
-            raise RefspecError(f"input_ids holds a token outside the vocabulary [0, {vocab})")
+        check_prompt(input_ids, self.model.args.vocab)
         self.model.setup_cache(1, len(input_ids) + max_new_tokens + self.policy.max_rows)
         self.model.prefill(input_ids[:-1], 0)
         self.pos, self.last = len(input_ids) - 1, input_ids[-1]

@@ -230,6 +230,7 @@ class Transformer:
         kv_len: int,
         logits_rows: slice | torch.Tensor | None = slice(None),
         head: bool = True,
+        lanes: slice = slice(None),
     ) -> torch.Tensor | None:
         """Run rows through the model, writing their K/V into the cache; return logits.
 
@@ -239,6 +240,9 @@ class Transformer:
         0..kv_len-1, which must include the rows' own slots; logits_rows: which rows get logits
         (None: none, e.g. a prefill). Returns logits [B, rows, V] in fp32, or with head=False the
         final-norm hidden states [B, rows, hidden] those logits would come from.
+
+        A batch of requests (batch.py): `lanes` are the cache rows the B rows of `tokens` use, and
+        positions [B, R], slots [B, R] and mask [B, R, kv_len] give each lane its own.
         """
         a = self.args
         bsz, rows = tokens.shape
@@ -246,14 +250,14 @@ class Transformer:
         group = hq // hk
         with region("other"):
             x = F.embedding(tokens, self.embed).view(bsz * rows, a.hidden)
-            rope = self.rope[positions].view(1, rows, 1, d // 2)
+            rope = self.rope[positions].view(-1, rows, 1, d // 2)  # [1 or B, R, 1, d/2]
             if mask is not None:
                 # One additive bias per forward, shared by every layer; the `group` query heads
                 # of a KV head are stacked as rows (GQA without repeating K/V).
                 bias = torch.zeros(mask.shape, device=self.device, dtype=self.dtype)
                 bias.masked_fill_(~mask, float("-inf"))
-                bias = bias.view(1, 1, rows, kv_len).expand(1, group, rows, kv_len)
-                bias = bias.reshape(1, 1, group * rows, kv_len)
+                bias = bias.view(-1, 1, rows, kv_len).expand(-1, group, rows, kv_len)
+                bias = bias.reshape(-1, 1, group * rows, kv_len)
         for i, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
             with region("other"):
                 h = rms_norm(x, ln1, a.rms_eps)
@@ -266,14 +270,18 @@ class Transformer:
                     qk = qk.float()
                 qk = torch.view_as_real(torch.view_as_complex(qk.unflatten(-1, (-1, 2))) * rope)
                 qk = qk.flatten(-2).to(self.dtype)
-                kc, vc = self.kv[i, 0], self.kv[i, 1]
+                kc, vc = self.kv[i, 0][lanes], self.kv[i, 1][lanes]  # views of the cache
                 k, v = qk[:, :, hq:].transpose(1, 2), qkv[:, :, hq + hk :].transpose(1, 2)
                 if isinstance(slots, int):
                     kc[:, :, slots : slots + rows] = k
                     vc[:, :, slots : slots + rows] = v
-                else:
+                elif slots.dim() == 1:
                     kc.index_copy_(2, slots, k)
                     vc.index_copy_(2, slots, v)
+                else:  # each lane its own slots: indexed [B, R, H_kv, D]
+                    lane = torch.arange(bsz, device=self.device)[:, None]
+                    kc[lane, :, slots] = k.transpose(1, 2)
+                    vc[lane, :, slots] = v.transpose(1, 2)
             with region("attention"):
                 q = qk[:, :, :hq].reshape(bsz, rows, hk, group, d).permute(0, 2, 3, 1, 4)
                 o = F.scaled_dot_product_attention(
@@ -303,8 +311,10 @@ class Transformer:
 
     # -- what the engine calls (the same on CudaModel) ----------------------------------------------
 
-    def prefill(self, tokens: list[int], start: int) -> None:
-        """Write the K/V of prompt tokens at slots start.. (causal, no logits)."""
+    def prefill(self, tokens: list[int], start: int, lane: int | None = None) -> None:
+        """Write the K/V of prompt tokens at slots start.. (causal, no logits), on cache row `lane`
+        of a batch (None: the cache's only row)."""
+        lanes = slice(None) if lane is None else slice(lane, lane + 1)
         for s in range(0, len(tokens), PREFILL_CHUNK):
             chunk = tokens[s : s + PREFILL_CHUNK]
             n, at = len(chunk), start + s
@@ -312,7 +322,7 @@ class Transformer:
             mask[:, at:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
             positions = torch.arange(at, at + n, device=self.device)
             tokens_t = torch.tensor([chunk], dtype=torch.long, device=self.device)
-            self.forward(tokens_t, positions, at, mask, at + n, logits_rows=None)
+            self.forward(tokens_t, positions, at, mask, at + n, logits_rows=None, lanes=lanes)
 
     def verify(self, tokens: list[int], positions: list[int], start: int, mask: list[list[bool]] | None,
                head=None) -> list[int]:  # fmt: skip
@@ -339,11 +349,13 @@ class Transformer:
         with region("lm_head"):
             return head.argmax(hidden[0])
 
-    def move_kv(self, src: list[int], dst: list[int]) -> None:
-        """Copy the K/V of slots `src` to slots `dst` (a tree's accepted path, compacted)."""
+    def move_kv(self, src: list[int], dst: list[int], lane: int | None = None) -> None:
+        """Copy the K/V of slots `src` to slots `dst` (a tree's accepted path, compacted), on cache
+        row `lane` of a batch (None: every row)."""
         s = torch.tensor(src, device=self.device)
         d = torch.tensor(dst, device=self.device)
-        self.kv.index_copy_(4, d, self.kv.index_select(4, s))
+        kv = self.kv if lane is None else self.kv[:, :, lane : lane + 1]
+        kv.index_copy_(4, d, kv.index_select(4, s))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -34,11 +34,12 @@ def pin_cpu(core: int, threads: int) -> None:
         os.environ[var] = str(threads)
 
 
-def open_engine(slot: str, model: str, cache: Path | None, config: Config):
+def open_engine(slot: str, model: str, cache: Path | None, config: Config, eager: bool = False):
     """The Engine for a model name or folder on a device slot (pins a CPU slot first).
 
     On CUDA in bf16 the model runs as fused Triton kernels captured in CUDA graphs (cuda_graphs.py);
-    anything else (CPU, or CUDA in fp32/fp16) runs the eager `Transformer`.
+    anything else (CPU, or CUDA in fp32/fp16), or `eager` (batch serving needs it), runs the
+    eager `Transformer`.
     """
     kind, index = parse_slot(slot)
     if kind == "cpu":
@@ -70,7 +71,7 @@ def open_engine(slot: str, model: str, cache: Path | None, config: Config):
             HybridModel(args, random_state(args, cfg.get("seed", 0)), device, dtype), config, mechanisms
         )
     args, state = load_weights(folder)
-    if device.type == "cuda" and dtype == torch.bfloat16:
+    if device.type == "cuda" and dtype == torch.bfloat16 and not eager:
         from .cuda_graphs import CudaModel
 
         net = CudaModel(args, state, device, config.runtime.max_context)
