@@ -62,6 +62,10 @@ class BundleFile(StrictModel):
 def read_bundle(path: Path) -> list[Entry]:
     """The entries of the bundle at `path`, checked for shape, names, patches and order."""
     where = path / BUNDLE_FILE
+    if path.is_file():
+        raise SpecPilotError(
+            f"{path}: a bundle is a folder (the one holding {BUNDLE_FILE}); pass {path.parent}"
+        )
     try:
         raw = json.loads(where.read_text())
     except FileNotFoundError:

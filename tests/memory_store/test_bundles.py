@@ -145,6 +145,12 @@ def test_corrupt_bundle_is_one_error_and_imports_nothing(memory, bundle, damage,
     assert memory.entries() == []
 
 
+def test_the_bundle_file_for_its_folder_names_the_folder(memory, bundle):
+    with pytest.raises(SpecPilotError, match=f"a bundle is a folder .*; pass {bundle}$"):
+        import_bundle(memory, bundle / "bundle.json")
+    assert memory.entries() == []
+
+
 def test_cycle_in_bundle_is_named(bundle):
     _corrupt(bundle, lambda d: d["entries"][0].update(requires=["tree-verify"]))
     with pytest.raises(SpecPilotError, match="requirement cycle: fast-step -> tree-verify -> fast-step"):
