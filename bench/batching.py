@@ -58,8 +58,11 @@ def main() -> None:
     from refspec.runtime import Request, open_engine, warm_up
     from refspec.weights import SMOLLM2
 
+    t0 = time.perf_counter()
     engine = open_engine(args.device, SMOLLM2, None, load_config(), eager=True)  # pins a CPU slot first
     import torch
+
+    print(f"engine on {engine.device} ({engine.model.dtype}) in {time.perf_counter() - t0:.1f} s", flush=True)
 
     prompts = [r["input_ids"] for r in reqs if r.get("set", "humaneval") == "humaneval"][: args.prompts]
     n = args.max_new_tokens
@@ -70,6 +73,7 @@ def main() -> None:
         for chunk in engine.generate(p, n, "ar"):
             out.extend(chunk)
         reference.append(out)
+    print(f"single-request AR reference: {len(prompts)} prompts in {time.perf_counter() - t0:.1f} s", flush=True)
 
     def sync() -> None:
         if engine.device.type == "cuda":
@@ -105,12 +109,19 @@ def main() -> None:
               f"steps spec {row['steps']['spec']} AR {row['steps']['ar']}  "
               f"same as single AR: spec {row['agree']['spec']}/{len(prompts)} AR {row['agree']['ar']}/{len(prompts)}",
               flush=True)  # fmt: skip
+        if args.json:  # after every batch size, so a run cut short keeps what it measured
+            args.json.write_text(json.dumps(summary(args, engine, prompts, n, results), indent=1))
+
+
+def summary(args, engine, prompts, n, results) -> dict:
+    import torch
+
     dev = (
         torch.cuda.get_device_name(engine.device)
         if engine.device.type == "cuda"
         else f"CPU core ({os.cpu_count()} cores)"
     )
-    summary = {
+    return {
         "command": "python bench/batching.py " + " ".join(sys.argv[1:]),
         "device": dev,
         "dtype": str(engine.model.dtype).removeprefix("torch."),
@@ -119,8 +130,6 @@ def main() -> None:
         "max_new_tokens": n,
         "by_batch": results,
     }
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
