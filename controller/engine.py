@@ -49,6 +49,20 @@ class Request:
     max_new_tokens: int
 
 
+@dataclass(frozen=True)
+class Group:
+    """Requests a batch system serves together, `batch` at a time (a batch deployment's unit): its
+    result's tokens are its requests' outputs in order, its speed the group's output throughput."""
+
+    id: str
+    batch: int
+    requests: tuple[Request, ...]
+
+    @property
+    def max_new_tokens(self) -> int:
+        return sum(r.max_new_tokens for r in self.requests)
+
+
 @dataclass
 class RequestResult:
     id: str
@@ -58,6 +72,7 @@ class RequestResult:
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (controller time, tokens in line)
     claims: dict = field(default_factory=dict)  # the system's own stats: stored, never used for timing
     active_s: float | None = None  # sliced design: the seconds the system ran between send and done
+    parts: dict[str, list[int]] = field(default_factory=dict)  # a group's: each request's output
 
     @property
     def seconds(self) -> float:
@@ -71,7 +86,7 @@ class RequestResult:
 
 class RunningSystem(Protocol):
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict: ...
-    def run(self, request: Request, timeout_s: float) -> RequestResult: ...
+    def run(self, request: Request | Group, timeout_s: float) -> RequestResult: ...
     def stop(self) -> None: ...
     def usage(self) -> dict: ...
     def pause(self, on: bool) -> None: ...
@@ -260,7 +275,9 @@ class JsonLinesSystem:
                 self.ready = obj | {"_ready_s": t - self.p.t_start}  # on the controller's clock
                 return self.ready
 
-    def run(self, request: Request, timeout_s: float) -> RequestResult:
+    def run(self, request: Request | Group, timeout_s: float) -> RequestResult:
+        if isinstance(request, Group):
+            return self._run_group(request, timeout_s)
         t_send = self.p.send(
             {"id": request.id, "input_ids": request.input_ids, "max_new_tokens": request.max_new_tokens}
         )
@@ -288,6 +305,44 @@ class JsonLinesSystem:
                         f"request {request.id}: system committed {len(result.tokens)} tokens, "
                         f"asked for exactly {request.max_new_tokens}", self.p.log_tail())  # fmt: skip
                 return result
+
+    def _run_group(self, group: Group, timeout_s: float) -> RequestResult:
+        """Send the group in one line; take each request's lines in any order, every one of them
+        committing exactly its max_new_tokens before the group's done line."""
+        reqs = {r.id: r for r in group.requests}
+        t_send = self.p.send({"id": group.id, "batch": group.batch, "requests": [
+            {"id": r.id, "input_ids": r.input_ids, "max_new_tokens": r.max_new_tokens} for r in group.requests]})  # fmt: skip
+        result = RequestResult(id=group.id, t_send=t_send, parts={rid: [] for rid in reqs})
+        done: set[str] = set()
+        deadline = t_send + timeout_s
+        while True:
+            t, obj = self.p.next_event(deadline, f"serving group {group.id}")
+            rid = obj.get("id")
+            if "error" in obj:
+                raise SystemFailed(f"system reported an error on group {group.id} ({rid}): {obj['error']}",
+                                   self.p.log_tail())  # fmt: skip
+            if rid == group.id and obj.get("done") is True:
+                if done != set(reqs):
+                    raise SystemFailed(f"group {group.id}: done before requests {sorted(set(reqs) - done)}",
+                                       self.p.log_tail())  # fmt: skip
+                result.t_done, result.claims = t, obj.get("stats") or {}
+                result.tokens = [tok for r in group.requests for tok in result.parts[r.id]]
+                return result
+            if rid not in reqs or rid in done:
+                raise SystemFailed(f"system answered {rid!r} while group {group.id} was open"
+                                   + (" (after its done line)" if rid in done else ""), self.p.log_tail())  # fmt: skip
+            if "tokens" in obj:
+                toks = obj["tokens"]
+                if not isinstance(toks, list) or not all(isinstance(x, int) for x in toks):
+                    raise SystemFailed(f"malformed tokens on request {rid}", self.p.log_tail())
+                result.parts[rid].extend(toks)
+                result.arrivals.append((t, len(toks)))
+            if obj.get("done") is True:
+                if len(result.parts[rid]) != reqs[rid].max_new_tokens:
+                    raise SystemFailed(
+                        f"request {rid}: system committed {len(result.parts[rid])} tokens, "
+                        f"asked for exactly {reqs[rid].max_new_tokens}", self.p.log_tail())  # fmt: skip
+                done.add(rid)
 
     def stop(self) -> None:
         self.p.stop()

@@ -95,7 +95,7 @@ class RefspecAdapter:
         if prepare:
             hand_to(cc, role)
         cmd = [sys.executable, "-s", "-m", "refspec.serve", "--device", slot.device_arg(), "--model", model,
-               "--cache", CACHE]  # fmt: skip
+               "--cache", CACHE] + (["--batch"] if self.dep.serving.shape == "batch" else [])  # fmt: skip
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONPATH": SYSTEM,
             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",

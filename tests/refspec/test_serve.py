@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from refspec.batch import BatchEngine
 from refspec.generate import greedy
+from refspec.runtime import Request
 
 from .conftest import TREE, humaneval_prompts, refspec_env
 
@@ -17,9 +19,9 @@ from .conftest import TREE, humaneval_prompts, refspec_env
 class Server:
     """A `python -m refspec.serve` process; lines are read with their arrival times."""
 
-    def __init__(self, slot: str = "cpu:0"):
+    def __init__(self, slot: str = "cpu:0", *flags: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "refspec.serve", "--device", slot],
+            [sys.executable, "-m", "refspec.serve", "--device", slot, *flags],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -100,6 +102,67 @@ def test_serve_protocol(engine, prompts):
         server.send({"shutdown": True})
         assert server.proc.wait(timeout=60) == 0
         assert server.proc.stdout.read() == ""
+    finally:
+        server.close()
+
+
+def test_groups_with_batch(engine, prompts):
+    """--batch: a group's requests are served B at a time, their lines interleaved, each request's
+    output the in-process BatchEngine's (itself each request's single-request output, test_batch)."""
+    group = [{"id": f"g{i}", "input_ids": p, "max_new_tokens": n}
+             for i, (p, n) in enumerate(zip(prompts * 2, [12, 20, 8, 16], strict=True))]  # fmt: skip
+    want: dict[str, list[int]] = {r["id"]: [] for r in group}
+    for ev in BatchEngine(engine, 2).generate([Request(**r) for r in group], "spec"):
+        if "tokens" in ev:
+            want[ev["id"]].extend(ev["tokens"])
+    server = Server("cpu:0", "--batch")
+    try:
+        assert server.read()[0]["batch"] is True
+        server.send({"id": "G", "batch": 2, "requests": group})
+        got: dict[str, list[int]] = {r["id"]: [] for r in group}
+        done, order = {}, []
+        while True:
+            event, _ = server.read()
+            if event["id"] == "G":
+                break
+            order.append(event["id"])
+            assert event["id"] not in done, "no line of a request after its done"
+            if event.get("done"):
+                done[event["id"]] = event["stats"]
+            else:
+                got[event["id"]].extend(event["tokens"])
+        assert got == want and sorted(done) == sorted(got)
+        assert all(done[r["id"]]["new_tokens"] == r["max_new_tokens"] for r in group)
+        assert event["done"] is True and event["stats"]["batch"] == 2 and event["stats"]["requests"] == 4
+        # Two lanes: the first two requests' lines interleave before the third starts.
+        assert order.index("g1") < order.index("g0", 1) or order.index("g0") < order.index("g1", 1)
+        assert order.index("g2") > order.index("g0")
+
+        # A malformed group: one error line naming the problem, nothing of it served.
+        server.send({"id": "H", "batch": 0, "requests": group})
+        event, _ = server.read()
+        assert event["id"] == "H" and "'batch'" in event["error"]
+        bad = [dict(group[0]), dict(group[1], input_ids=[10**9])]
+        server.send({"id": "H2", "batch": 2, "requests": bad})
+        event, _ = server.read()
+        assert event["id"] == "H2" and "vocabulary" in event["error"]
+        server.send({"id": "H3", "batch": 2, "requests": [group[0], group[0]]})
+        assert "differ" in server.read()[0]["error"]
+        # Single requests are still served.
+        server.send({"id": "one", "input_ids": prompts[1], "max_new_tokens": 5})
+        events = server.until_done("one")
+        assert sum((e["tokens"] for e, _ in events[:-1]), []) == greedy(engine, prompts[1], 5, "spec")[0]
+    finally:
+        server.close()
+
+
+def test_groups_need_batch_flag(prompts):
+    server = Server("cpu:0")
+    try:
+        assert server.read()[0]["batch"] is False
+        server.send({"id": "G", "batch": 2, "requests": [{"id": "a", "input_ids": prompts[0], "max_new_tokens": 2}]})
+        event, _ = server.read()
+        assert event["id"] == "G" and "--batch" in event["error"]
     finally:
         server.close()
 

@@ -114,6 +114,8 @@ class BatchEngine:
         if mode not in ("spec", "ar"):
             raise RefspecError(f"unknown decode mode {mode!r}; use spec or ar")
         waiting = deque(requests)
+        for req in waiting:  # every prompt checked before the first event
+            check_prompt(req.input_ids, self.model.args.vocab)
         self.steps = 0
         self.model.setup_cache(len(self.lanes), 256)  # a cache row per lane (the engine's may have one)
         for lane in self.lanes:

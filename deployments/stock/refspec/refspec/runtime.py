@@ -120,6 +120,41 @@ def parse_request(obj: object) -> Request:
     return Request(id=rid, input_ids=ids, max_new_tokens=n)
 
 
+MAX_BATCH = 256  # lanes of one group: a KV-cache row each
+
+
+@dataclass
+class Group:
+    """Requests served together, at most `batch` at a time (batch serving, refspec/batch.py)."""
+
+    id: str
+    batch: int
+    requests: list[Request]
+
+
+def parse_group(obj: dict) -> Group:
+    """A group line of the serve protocol: {"id", "batch", "requests": [request, ...]}."""
+    gid = obj.get("id")
+    if not isinstance(gid, str | int) or isinstance(gid, bool):
+        raise RefspecError("a group needs an 'id' (a string)")
+    b = obj.get("batch")
+    if type(b) is not int or not 1 <= b <= MAX_BATCH:
+        raise RefspecError(f"'batch' must be an integer in 1..{MAX_BATCH} (the requests served at once)")
+    items = obj.get("requests")
+    if not isinstance(items, list) or not items:
+        raise RefspecError("'requests' must be a non-empty list of request objects")
+    reqs = []
+    for i, item in enumerate(items):
+        try:
+            reqs.append(parse_request(item))
+        except RefspecError as e:
+            raise RefspecError(f"requests[{i}]: {e}") from None
+    ids = [r.id for r in reqs]
+    if len(set(ids)) != len(ids) or gid in ids:
+        raise RefspecError("the ids of a group's requests must differ from each other and from the group's")
+    return Group(id=gid, batch=b, requests=reqs)
+
+
 def read_requests(path: Path, limit: int | None = None) -> list[Request]:
     """The requests of a JSONL request file (one object a line)."""
     try:

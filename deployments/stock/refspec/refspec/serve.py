@@ -1,4 +1,4 @@
-"""JSON-lines server: `python -m refspec.serve --device SLOT [--model NAME_OR_PATH] [--cache DIR]`.
+"""JSON-lines server: `python -m refspec.serve --device SLOT [--model NAME_OR_PATH] [--cache DIR] [--batch]`.
 
 This file holds the measurement points the controller relies on (a protected path): the ready
 line is printed only after load and warm-up, and each committed step's tokens are written and
@@ -8,6 +8,12 @@ stdin, one JSON object a line: {"id", "input_ids", "max_new_tokens"} (greedy, ex
 new tokens, EOS ignored, served in order) or {"shutdown": true}; end of input also exits 0.
 stdout: {"ready": true, ...}; {"id", "tokens"} per step; {"id", "done": true, "stats"};
 {"id", "error"} for a malformed request (the server keeps serving). Logs go to stderr.
+
+With --batch (batch deployments) a line may also be a group, {"id", "batch": B, "requests": [...]}:
+its requests are served B at a time (refspec/batch.py), each one's {"id", "tokens"} and
+{"id", "done", "stats"} lines interleaved as their steps commit, then {"id": group, "done": true,
+"stats": {"steps", "batch", "requests"}}. A malformed group gets one error line before any
+request of it is served.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from pathlib import Path
 
 from .config import load_config
 from .errors import RefspecError
-from .runtime import open_engine, parse_request, warm_up
+from .runtime import Group, Request, open_engine, parse_group, parse_request, warm_up
 
 
 def _emit(obj: dict) -> None:
@@ -32,8 +38,29 @@ def _log(msg: str) -> None:
     print(f"refspec: {msg}", file=sys.stderr, flush=True)
 
 
-def serve(engine, slot: str, config) -> None:
-    """Answer requests from stdin until shutdown or end of input."""
+def serve_group(engine, group: Group, mode: str) -> None:
+    from .batch import BatchEngine
+
+    batch = BatchEngine(engine, group.batch)
+    for event in batch.generate(group.requests, mode):
+        _emit(event)
+    stats = {"steps": batch.steps, "batch": group.batch, "requests": len(group.requests)}
+    _emit({"id": group.id, "done": True, "stats": stats})
+
+
+def warm_up_batch(engine) -> None:
+    """One two-lane group, so the first timed group's batched forward is not the first."""
+    from .batch import BatchEngine
+
+    prompt = [(7 * i) % 97 + 10 for i in range(40)] * 2
+    reqs = [Request(id=i, input_ids=prompt[i:], max_new_tokens=8) for i in range(2)]
+    for mode in ("spec", "ar"):
+        for _ in BatchEngine(engine, 2).generate(reqs, mode):
+            pass
+
+
+def serve(engine, slot: str, config, batch: bool = False) -> None:
+    """Answer requests (and, with `batch`, groups) from stdin until shutdown or end of input."""
     dtype = str(engine.model.dtype).removeprefix("torch.")
     mode = config.decode.mode
     _emit(
@@ -44,6 +71,7 @@ def serve(engine, slot: str, config) -> None:
             "dtype": dtype,
             "mode": mode,
             "knobs": config.knobs(),
+            "batch": batch,
         }
     )
     for line in iter(sys.stdin.readline, ""):
@@ -57,6 +85,11 @@ def serve(engine, slot: str, config) -> None:
                 if obj.get("shutdown") is True:
                     _log("shutdown")
                     return
+                if "requests" in obj:
+                    if not batch:
+                        raise RefspecError("this server serves single requests; start it with --batch for groups")
+                    serve_group(engine, parse_group(obj), mode)
+                    continue
             req = parse_request(obj)
             for tokens in engine.generate(req.input_ids, req.max_new_tokens, mode):
                 _emit({"id": req.id, "tokens": tokens})
@@ -72,15 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", required=True, help="cpu:N (pinned to core N) or cuda:N")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in model name or HF folder")
     parser.add_argument("--cache", type=Path, default=None, help="weights cache (default $SPECPILOT_CACHE)")
+    parser.add_argument("--batch", action="store_true", help="serve groups of requests too (the eager model)")
     args = parser.parse_args(argv)
     try:
         config = load_config()
         t0 = time.perf_counter()
-        engine = open_engine(args.device, args.model, args.cache, config)
+        engine = open_engine(args.device, args.model, args.cache, config, eager=args.batch)
         loaded = time.perf_counter() - t0
         warm = warm_up(engine)
+        if args.batch:
+            warm_up_batch(engine)
         _log(f"loaded {args.model} on {args.device} in {loaded:.1f}s, warmed up in {warm:.1f}s")
-        serve(engine, args.device, config)
+        serve(engine, args.device, config, args.batch)
     except RefspecError as e:
         _log(f"error: {e}")
         return 2

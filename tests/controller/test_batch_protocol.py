@@ -1,0 +1,98 @@
+"""The serve protocol's groups (batch deployments) as the controller drives them: a real refspec
+system started by its adapter, and systems that break the group protocol."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from specpilot.controller.confine import Launch
+from specpilot.controller.engine import Group, JsonLinesSystem, LineProcess, Request, SystemFailed
+from specpilot.deployments import Home, load_deployment
+from specpilot.deployments.registry import SHIPPED
+from specpilot.memory_store.workspace import Workspace
+
+BATCH = "smollm-batch-test"
+
+
+@pytest.fixture(scope="module")
+def batch_dep(tmp_path_factory):
+    home = Home(tmp_path_factory.mktemp("batch") / "home")
+    text = (SHIPPED / "smollm-cpu.toml").read_text().replace('name = "smollm-cpu"', f'name = "{BATCH}"')
+    text = text.replace('shape = "single"', 'shape = "batch"\nbatch_sizes = [2, 3]')
+    home.deployments.mkdir(parents=True, exist_ok=True)
+    (home.deployments / f"{BATCH}.toml").write_text(text)
+    dep = load_deployment(BATCH, home)
+    ws, _ = Workspace.init(home, dep)
+    return home, dep, ws
+
+
+def test_a_group_on_a_real_system_gives_each_request_its_single_output(batch_dep, tmp_path):
+    from specpilot.controller.adapters import adapter_for
+    from specpilot.controller.context import tuning_requests
+    from specpilot.controller.slots import Slot
+    from specpilot.controller.systems import checkout
+
+    home, dep, ws = batch_dep
+    stock = checkout(ws.repo_dir, "stock", ws.systems_cache)
+    reqs = [Request(r.id, r.input_ids, n) for r, n in zip(tuning_requests(dep, home, 3), (12, 20, 8), strict=True)]
+    system = adapter_for(dep, home).start(stock.tree, stock.path, Slot.parse("cpu:0"), tmp_path / "s.log")
+    try:
+        assert system.wait_ready()["batch"] is True
+        single = {r.id: system.run(r, timeout_s=120).tokens for r in reqs}
+        res = system.run(Group("g", 2, tuple(reqs)), timeout_s=120)
+    finally:
+        system.stop()
+    assert res.parts == single
+    assert res.tokens == [t for r in reqs for t in single[r.id]] and len(res.tokens) == 40
+    assert res.speed == 40 / res.seconds and res.claims == {"steps": res.claims["steps"], "batch": 2, "requests": 3}
+    assert res.claims["steps"] < sum(r.max_new_tokens for r in reqs)  # two lanes share steps
+
+
+BROKEN = textwrap.dedent('''
+    import json, sys
+    how = sys.argv[1]
+    print(json.dumps({"ready": True}), flush=True)
+    g = json.loads(sys.stdin.readline())
+    a, b = g["requests"]
+    say = lambda o: print(json.dumps(o), flush=True)
+    say({"id": a["id"], "tokens": [1] * a["max_new_tokens"]})
+    say({"id": a["id"], "done": True})
+    if how == "early":
+        say({"id": g["id"], "done": True})
+    elif how == "foreign":
+        say({"id": "r99", "tokens": [1]})
+    elif how == "short":
+        say({"id": b["id"], "tokens": [1]})
+        say({"id": b["id"], "done": True})
+    elif how == "after-done":
+        say({"id": a["id"], "tokens": [1]})
+    elif how == "error":
+        say({"id": g["id"], "error": "out of lanes"})
+    sys.stdin.readline()
+''')
+
+
+@pytest.mark.parametrize("how, message", [
+    ("early", r"done before requests \['b'\]"),
+    ("foreign", r"answered 'r99' while group g was open"),
+    ("short", r"request b: system committed 1 tokens, asked for exactly 3"),
+    ("after-done", r"answered 'a' while group g was open \(after its done line\)"),
+    ("error", r"error on group g \(g\): out of lanes"),
+])  # fmt: skip
+def test_a_system_that_breaks_the_group_protocol_fails(tmp_path, how, message):
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN)
+    (tmp_path / "spec").mkdir()
+    launch = Launch([sys.executable, str(script), how], tmp_path / "spec" / "spec.json", None)
+    system = JsonLinesSystem(LineProcess(launch, cwd=Path(tmp_path), log=tmp_path / "log", cpu_core=None))
+    try:
+        system.wait_ready(timeout_s=30)
+        group = Group("g", 2, (Request("a", [1, 2], 2), Request("b", [3], 3)))
+        with pytest.raises(SystemFailed, match=message):
+            system.run(group, timeout_s=30)
+    finally:
+        system.stop()
