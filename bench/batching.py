@@ -73,7 +73,9 @@ def main() -> None:
         for chunk in engine.generate(p, n, "ar"):
             out.extend(chunk)
         reference.append(out)
-    print(f"single-request AR reference: {len(prompts)} prompts in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(
+        f"single-request AR reference: {len(prompts)} prompts in {time.perf_counter() - t0:.1f} s", flush=True
+    )
 
     def sync() -> None:
         if engine.device.type == "cuda":

@@ -38,7 +38,9 @@ def test_a_group_on_a_real_system_gives_each_request_its_single_output(batch_dep
 
     home, dep, ws = batch_dep
     stock = checkout(ws.repo_dir, "stock", ws.systems_cache)
-    reqs = [Request(r.id, r.input_ids, n) for r, n in zip(tuning_requests(dep, home, 3), (12, 20, 8), strict=True)]
+    reqs = [
+        Request(r.id, r.input_ids, n) for r, n in zip(tuning_requests(dep, home, 3), (12, 20, 8), strict=True)
+    ]
     system = adapter_for(dep, home).start(stock.tree, stock.path, Slot.parse("cpu:0"), tmp_path / "s.log")
     try:
         assert system.wait_ready()["batch"] is True
@@ -48,11 +50,15 @@ def test_a_group_on_a_real_system_gives_each_request_its_single_output(batch_dep
         system.stop()
     assert res.parts == single
     assert res.tokens == [t for r in reqs for t in single[r.id]] and len(res.tokens) == 40
-    assert res.speed == 40 / res.seconds and res.claims == {"steps": res.claims["steps"], "batch": 2, "requests": 3}
+    assert res.speed == 40 / res.seconds and res.claims == {
+        "steps": res.claims["steps"],
+        "batch": 2,
+        "requests": 3,
+    }
     assert res.claims["steps"] < sum(r.max_new_tokens for r in reqs)  # two lanes share steps
 
 
-BROKEN = textwrap.dedent('''
+BROKEN = textwrap.dedent("""
     import json, sys
     how = sys.argv[1]
     print(json.dumps({"ready": True}), flush=True)
@@ -73,7 +79,7 @@ BROKEN = textwrap.dedent('''
     elif how == "error":
         say({"id": g["id"], "error": "out of lanes"})
     sys.stdin.readline()
-''')
+""")
 
 
 @pytest.mark.parametrize("how, message", [

@@ -160,7 +160,9 @@ def test_groups_need_batch_flag(prompts):
     server = Server("cpu:0")
     try:
         assert server.read()[0]["batch"] is False
-        server.send({"id": "G", "batch": 2, "requests": [{"id": "a", "input_ids": prompts[0], "max_new_tokens": 2}]})
+        server.send(
+            {"id": "G", "batch": 2, "requests": [{"id": "a", "input_ids": prompts[0], "max_new_tokens": 2}]}
+        )
         event, _ = server.read()
         assert event["id"] == "G" and "--batch" in event["error"]
     finally:

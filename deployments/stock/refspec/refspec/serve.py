@@ -87,7 +87,9 @@ def serve(engine, slot: str, config, batch: bool = False) -> None:
                     return
                 if "requests" in obj:
                     if not batch:
-                        raise RefspecError("this server serves single requests; start it with --batch for groups")
+                        raise RefspecError(
+                            "this server serves single requests; start it with --batch for groups"
+                        )
                     serve_group(engine, parse_group(obj), mode)
                     continue
             req = parse_request(obj)
