@@ -17,7 +17,7 @@ from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.memory_store import connect, records
 
 from .adapters import adapter_for
-from .context import digest, draw_requests, more_requests, slots_of, workspace
+from .context import digest, draw_requests, flatten, more_requests, slots_of, workspace
 from .engine import Request, SystemFailed
 from .forcing import AuditResult, ScoredOutput, audit
 from .paired import run_period
@@ -121,7 +121,7 @@ def audit_system(
     except SystemFailed as e:
         records.fail_run(db, run_id, f"{e}\n{e.log_tail}")
         raise SpecPilotError(f"the system failed during the audit: {e} (logs in {logs})") from None
-    outputs = {r.id: period.results["S"][r.id].tokens for r in reqs}
+    reqs, outputs = flatten(reqs, {r.id: period.results["S"][r.id].tokens for r in reqs})
     progress("scoring by token forcing")
     result = audit_outputs(dep, home, db, reqs, outputs)
     data = {

@@ -5,6 +5,12 @@ Judged requests are drawn afresh for each run from the pool of every prompt of t
 sets (as many per set as the workload samples), with a secret seed, and carry neutral ids
 (`r00`, `r01`, ...): a system cannot know which requests a period will bring, nor tell a judged
 run from any other. The draw and the ids' sources are recorded in the run's evidence.
+
+A batch deployment (`serving.shape = "batch"`) is measured on groups: the measured requests form
+one group per batch size B (id `b{B}`, served B at a time), so a group's speed is the output
+throughput at B and a block's mean log ratio is the geometric mean over batch sizes (paper §5.1).
+What reads outputs request by request (the audit, Phase 0's scoring) takes the groups apart with
+`flatten`.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from specpilot.deployments import Deployment, Home
 from specpilot.deployments.workloads import load_requests, pool_file, request_file
 from specpilot.memory_store import Workspace, records
 
-from .engine import Request
+from .engine import Group, Request
 from .integrity import check_digest, controller_digest
 from .slots import Slot
 from .systems import ENGINE_PROTECTED
@@ -60,11 +66,37 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None) -> tuple
     )
     picked = warm + chosen
     reqs = [Request(f"r{i:02d}", r.input_ids, r.max_new_tokens) for i, r in enumerate(picked)]
-    return reqs, {
-        "seed": seed,
-        "pool": len(pool),
-        "sources": {q.id: r.id for q, r in zip(reqs, picked, strict=True)},
-    }
+    sources = {q.id: r.id for q, r in zip(reqs, picked, strict=True)}
+    if dep.serving.shape == "batch":
+        warm_reqs, measured = reqs[: len(warm)], tuple(reqs[len(warm) :])
+        groups = [Group(f"b{b}", b, measured) for b in dep.serving.batch_sizes]
+        # A group's source names its members, so a speed record never pairs two different groups.
+        sources |= {g.id: f"{g.batch}x[" + ",".join(sources[r.id] for r in measured) + "]" for g in groups}
+        reqs = warm_reqs + groups
+    return reqs, {"seed": seed, "pool": len(pool), "sources": sources}
+
+
+def flatten(
+    reqs: list[Request | Group], outputs: dict[str, list[int]] | None = None
+) -> tuple[list[Request], dict[str, list[int]]]:
+    """Each group's requests as requests of their own (ids `b4/r03`), with their outputs cut from
+    the group's (its requests' outputs in order); single requests as they are."""
+    flat: list[Request] = []
+    out: dict[str, list[int]] = {}
+    for r in reqs:
+        if not isinstance(r, Group):
+            flat.append(r)
+            if outputs is not None and r.id in outputs:
+                out[r.id] = outputs[r.id]
+            continue
+        at = 0
+        for q in r.requests:
+            rid = f"{r.id}/{q.id}"
+            flat.append(Request(rid, q.input_ids, q.max_new_tokens))
+            if outputs is not None and r.id in outputs:
+                out[rid] = outputs[r.id][at : at + q.max_new_tokens]
+            at += q.max_new_tokens
+    return flat, out
 
 
 def more_requests(dep: Deployment, home: Home, draw: dict, n: int, first: int) -> tuple[list[Request], dict]:

@@ -28,6 +28,7 @@ from .audit import audit_json, audit_outputs, contexts, top_up
 from .context import (
     digest,
     draw_requests,
+    flatten,
     protected_paths,
     slots_of,
     tuning_requests,
@@ -286,13 +287,16 @@ def compare(
     audit_summary: dict[str, Any] | None = None
     if audit_output and (verdict.approved or changed):  # approved on speed, or its output differs: score it
         progress("token-forcing audit")
-        outputs, audited, top = run.outputs["B"], reqs, None
+        audited, outputs = flatten(reqs, run.outputs["B"])  # a batch deployment's groups, request by request
+        top = None
         if verdict.approved:
             try:
-                audited, outputs, top = top_up(dep, home, candidate, reqs, draw, outputs, home.runs / run_id)
+                audited, outputs, top = top_up(
+                    dep, home, candidate, audited, draw, outputs, home.runs / run_id
+                )
             except SystemFailed as e:
                 fatal.append(f"audit: the candidate failed on the audit's added requests: {e}")
-        result = audit_outputs(dep, home, db, audited, outputs, run.outputs["A"])
+        result = audit_outputs(dep, home, db, audited, outputs, flatten(reqs, run.outputs["A"])[1])
         audit_summary = audit_json(result, contexts(dep, home, result, outputs)) | {"top_up": top}
         if result.reasons or fatal:
             verdict, res = _look(run, quiet, k_max, sd, c, True, fatal + result.reasons, prev)

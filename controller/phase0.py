@@ -21,8 +21,8 @@ from specpilot.deployments.stock import LAUNCH_FILE
 from specpilot.memory_store import connect, records
 
 from .adapters import adapter_for
-from .context import draw_requests, judge_digest, slots_of, workspace
-from .engine import SystemFailed
+from .context import draw_requests, flatten, judge_digest, slots_of, workspace
+from .engine import Group, SystemFailed
 from .evaluate import Progress, measure_noise
 from .forcing import audit, calibrate_delta
 from .paired import run_period
@@ -80,7 +80,13 @@ def run_phase0(
     except SystemFailed as e:
         records.fail_run(db, run_id, f"{e}\n{e.log_tail}")
         raise SpecPilotError(f"Phase 0 failed: {e} (logs in {raw})") from None
-    outs = {lb: {r.id: res[r.id].tokens for r in reqs} for lb, res in period.results.items()}
+    # A batch deployment's groups: stock over AR at each batch size, then scored request by request.
+    by_batch = {str(g.batch): period.results["stock"][g.id].speed / period.results["ar"][g.id].speed
+                for g in reqs if isinstance(g, Group)}  # fmt: skip
+    outs = {
+        lb: flatten(reqs, {r.id: res[r.id].tokens for r in reqs})[1] for lb, res in period.results.items()
+    }
+    reqs = flatten(reqs)[0]
     progress("scoring stock and AR by token forcing")
     divergences = []
     with scorer_for(dep, home) as scorer:
@@ -106,6 +112,8 @@ def run_phase0(
                "large": ar_own.stock_events},
         "stock_equals_ar": sum(outs["stock"][r.id] == outs["ar"][r.id] for r in reqs),
     }  # fmt: skip
+    if by_batch:
+        figures["stock_over_ar_by_batch"] = by_batch
     records.finish_run(db, run_id, summary=figures, raw_path=str(raw))
     records.set_state(db, dep.name, "phase0", figures)
     records.set_state(db, dep.name, "controller_digest", judge_digest(dep, home))

@@ -3,6 +3,8 @@ system started by its adapter, and systems that break the group protocol."""
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -102,3 +104,61 @@ def test_a_system_that_breaks_the_group_protocol_fails(tmp_path, how, message):
             system.run(group, timeout_s=30)
     finally:
         system.stop()
+
+
+TINY_BATCH = "smollm-batch-tiny"
+VERIFY = "        lo, hi = min(passes), max(passes) + 1\n"
+BURN = "        _t = __import__('time'); _end = _t.thread_time() + 0.1\n        while _t.thread_time() < _end: pass\n"
+
+
+@pytest.fixture(scope="module")
+def batch_judged(tmp_path_factory):
+    """A tiny batch deployment (3 requests, groups at B = 2 and 3) with Phase 0 done."""
+    from specpilot import controller
+
+    home = Home(tmp_path_factory.mktemp("batch-judge") / "home")
+    text = (SHIPPED / "smollm-cpu-batch.toml").read_text().replace("smollm-cpu-batch", TINY_BATCH)
+    text = text.replace("batch_sizes = [2, 4, 8]", "batch_sizes = [2, 3]")
+    text = text.replace("sets = { humaneval = 8 }", "sets = { humaneval = 3 }")
+    text = text.replace("max_new_tokens = 32", "max_new_tokens = 16")
+    text = re.sub(
+        r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$",
+        "blocks = 3\nbudget_s = 75\nmax_blocks = 6\naudit_positions = 256",
+        text,
+    )
+    home.deployments.mkdir(parents=True, exist_ok=True)
+    (home.deployments / f"{TINY_BATCH}.toml").write_text(text)
+    dep = load_deployment(TINY_BATCH, home)
+    ws, _ = Workspace.init(home, dep)
+    return home, dep, ws, controller.run_phase0(dep, home)
+
+
+def test_batch_phase0_measures_stock_over_ar_by_batch_size(batch_judged):
+    home, dep, _, figures = batch_judged
+    assert sorted(figures["stock_over_ar_by_batch"]) == ["2", "3"]
+    assert all(0.2 < r < 5 for r in figures["stock_over_ar_by_batch"].values())
+    # Scored request by request: the warm-up request and each group's three, 16 tokens each.
+    assert figures["requests"] == 1 + 2 * 3 and figures["stock"]["positions"] == 7 * 16
+    assert {"b2", "b3"} <= set(figures["draw"]["sources"]) and figures["noise"]["design"] == "sliced"
+
+
+def test_batch_compare_approves_a_cheaper_batched_step(batch_judged):
+    """A baseline burning 100 ms in every batched verification step against stock: the gain is the
+    groups' throughput ratio, and the approval's audit reads each group's requests one by one."""
+    from specpilot import controller
+
+    home, dep, ws, _ = batch_judged
+    wt = ws.add_worktree("slow-batch", "system")
+    path = wt / "refspec" / "batch.py"
+    text = path.read_text()
+    assert VERIFY in text, "refspec/batch.py changed: update this fixture"
+    path.write_text(text.replace(VERIFY, BURN + VERIFY, 1))
+    ws.commit_worktree(wt, "slow-batch")
+    ev = controller.compare(dep, home, "cand/slow-batch", "stock")
+    assert ev.approved, ev.reasons
+    assert ev.gain > 1.1 and not ev.changes_output
+    raw = [json.loads(line) for line in Path(ev.evidence["raw"]).read_text().splitlines()]
+    served = {r["id"] for r in raw if "system" in r and not r["warmup"]}
+    assert served == {"b2", "b3"}, "the measured units are the groups"
+    audit = ev.evidence["audit"]
+    assert audit["passed"] and audit["positions"] >= dep.controller.audit_positions
