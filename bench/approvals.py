@@ -1,11 +1,13 @@
 """Known lossless gains against stock, judged by the controller: do they still pass?
 
     python bench/approvals.py --deployment smollm-cpu --home DIR [--repeat 2] [--json OUT]
+                              [--candidates refspec-adaptive-block,drafter.min_ngram=2]
 
-Candidates (each a commit on stock in the deployment's workspace): `drafter.min_ngram = 2` (a knob
-of refspec.toml) and the `refspec-draft-confidence` entry of the built-in bundle (its delta applied
-to stock). Each is a full `controller.compare` against stock (sequential blocks, audit, stored
-verdict) in the home's Phase 0 (run first if the home has none).
+Candidates (each a commit on stock in the deployment's workspace): by default `drafter.min_ngram = 2`
+(a knob of refspec.toml) and the `refspec-draft-confidence` entry of the built-in bundle (its delta
+applied to stock); `--candidates` names others, entries of the home's memory or `knob=value`. Each
+is a full `controller.compare` against stock (sequential blocks, audit, stored verdict) in the
+home's Phase 0 (run first if the home has none).
 """
 
 from __future__ import annotations
@@ -48,16 +50,22 @@ def main() -> None:
     ap.add_argument("--home", type=Path, required=True)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--candidates", default="drafter.min_ngram=2,refspec-draft-confidence")
     args = ap.parse_args()
     home = Home.resolve(args.home)
     dep = load_deployment(args.deployment, home)
     ws, _ = Workspace.init(home, dep)
     if records.get_state(connect(home), dep.name, "phase0") is None:
         controller.run_phase0(dep, home)
-    cands = {
-        "drafter.min_ngram = 2": knob_branch(ws, "min-ngram-2", "drafter.min_ngram", 2),
-        "refspec-draft-confidence": entry_branch(ws, home, dep, "refspec-draft-confidence"),
-    }
+    cands = {}
+    for c in args.candidates.split(","):
+        if "=" in c:
+            knob, value = c.split("=")
+            cands[f"{knob} = {value}"] = knob_branch(
+                ws, f"{knob.replace('.', '-').replace('_', '-')}-{value}", knob, int(value)
+            )
+        else:
+            cands[c] = entry_branch(ws, home, dep, c)
     rows = []
     for _ in range(args.repeat):
         for label, branch in cands.items():

@@ -49,12 +49,15 @@ def system_entries(db, dep: Deployment, tree: str) -> list[str]:
 
 def fits_target(options: dict[str, Any], dep: Deployment) -> bool:
     """Whether an entry acts on this deployment: `target = "hybrid"` needs a target with GDN layers,
-    `target = "gpu"` GPU slots (a mechanism that can gain only through a GPU kernel)."""
+    `target = "gpu"` GPU slots (a mechanism that can gain only through a GPU kernel), `target =
+    "batch"` a batch deployment (a mechanism of batch serving)."""
     target = options.get("target")
     if target == "hybrid":
         return dep.target.arch.gdn_layers > 0
     if target == "gpu":
         return dep.devices.kind != "cpu"
+    if target == "batch":
+        return dep.serving.shape == "batch"
     return True
 
 

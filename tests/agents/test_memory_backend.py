@@ -104,6 +104,15 @@ def test_a_gpu_only_entry_is_offered_only_on_gpu_slots(world):
     assert sealing.fits_target({"target": "gpu"}, gpu) and not sealing.fits_target({"target": "gpu"}, dep)
 
 
+def test_a_batch_only_entry_is_offered_only_on_a_batch_deployment(world):
+    _, dep, _, memory = world
+    summary = {e["name"]: e for e in sealing.memory_summary(memory, dep)}
+    assert dep.serving.shape == "single" and not summary["refspec-shared-budget"]["applicable"]
+    assert summary["refspec-adaptive-block"]["applicable"]  # a per-request block acts on one request too
+    batch = load_deployment("smollm-cpu-batch")
+    assert sealing.fits_target({"target": "batch"}, batch) and not sealing.fits_target({"target": "batch"}, dep)
+
+
 def test_sub_agent_edits_one_line_and_applies_entry_deltas(world):
     home, dep, ws, memory = world
     wt = ws.add_worktree("knob")

@@ -10,6 +10,9 @@ lane alone), so the batch stays full while requests wait. Each lane drafts, veri
 as `Engine` does for one request, so every request's output is its single-request output (the
 argmax of the same prefix; like spec against AR, the row count changes the GEMM, not the math).
 
+A mechanism's batch policy (ext `batch`), when one is enabled, proposes every busy lane's pass of
+a step at once (e.g. one node budget across the batch); each lane still accepts with the policy.
+
 Lanes between busy ones that have nothing left to serve run padding rows only (the forward
 covers the span of busy lanes); that is waste only while the last requests drain.
 """
@@ -53,16 +56,23 @@ class Lane:
             with region("drafter"):
                 self.drafter.reset(list(ids))
 
-    def propose(self) -> ext.Pass:
-        remaining = self.request.max_new_tokens - self.stats.new_tokens
-        if self.mode == "ar":
-            return ext.Pass([self.last], [0])
+    @property
+    def remaining(self) -> int:
+        return self.request.max_new_tokens - self.stats.new_tokens
+
+    def draft(self) -> Lattice:
+        """The drafter's lattice for the committed prefix, after the mechanisms' filters."""
         d = self.config.decode
         with region("drafter"):
             lattice: Lattice = self.drafter.draft(d.block_size, d.top_k)
             for fn, knobs in self.engine.filters:
                 lattice = fn(lattice, knobs)
-        return self.engine.policy.propose(self, lattice, remaining)
+        return lattice
+
+    def propose(self) -> ext.Pass:
+        if self.mode == "ar":
+            return ext.Pass([self.last], [0])
+        return self.engine.policy.propose(self, self.draft(), self.remaining)
 
     def accept(self, p: ext.Pass, target: list[int]) -> list[int]:
         """Commit the accepted rows and the bonus token (as `Engine.step`); the tokens to emit."""
@@ -80,8 +90,7 @@ class Lane:
         if self.mode == "spec":
             with region("drafter"):
                 self.drafter.extend(committed)
-        remaining = self.request.max_new_tokens - self.stats.new_tokens
-        out = committed[:remaining]
+        out = committed[: self.remaining]
         self.stats.steps += 1
         self.stats.rows += len(p.tokens)
         self.stats.new_tokens += len(out)
@@ -127,7 +136,7 @@ class BatchEngine:
             busy = [lane for lane in self.lanes if lane.request is not None]
             if not busy:
                 return
-            passes = {lane.index: lane.propose() for lane in busy}
+            passes = self.propose(busy, mode)
             targets = self.verify(passes)
             self.steps += 1
             for lane in busy:
@@ -137,6 +146,14 @@ class BatchEngine:
                     yield {"id": lane.request.id, "done": True, "stats": lane.stats.to_json()}
                     lane.request = None
 
+    def propose(self, busy: list[Lane], mode: str) -> dict[int, ext.Pass]:
+        """Each busy lane's pass: its own policy's, or a mechanism's batch policy's for all at once."""
+        bp = self.engine.batch_policy
+        if bp is None or mode == "ar":
+            return {lane.index: lane.propose() for lane in busy}
+        passes = bp.propose(busy, [lane.draft() for lane in busy], [lane.remaining for lane in busy])
+        return {lane.index: p for lane, p in zip(busy, passes, strict=True)}
+
     def verify(self, passes: dict[int, ext.Pass]) -> dict[int, list[int]]:
         """One forward over the span of lanes in `passes`: each lane's target argmax after each row."""
         lo, hi = min(passes), max(passes) + 1
@@ -144,6 +161,7 @@ class BatchEngine:
         r = max(len(p.tokens) for p in passes.values())
         pos = [self.lanes[b].pos if b in passes else 0 for b in range(lo, hi)]
         kv_len = max(pos) + r
+        self.model.setup_cache(self.model.batch, kv_len)  # a batch policy's pass may outgrow a lane's
         with region("other"):
             tokens = torch.zeros(width, r, dtype=torch.long)
             positions = torch.zeros(width, r, dtype=torch.long)

@@ -86,6 +86,10 @@ class Engine:
                 self.policy = m.policy(self, knobs)
             if m.head:
                 self.head = m.head(self, knobs)
+        self.batch_policy: ext.BatchPolicy | None = None  # batch serving's, after the policy is set
+        for m, knobs in mechanisms:
+            if m.batch:
+                self.batch_policy = m.batch(self, knobs)
         for m, knobs in mechanisms:
             if m.setup:
                 m.setup(self, knobs)

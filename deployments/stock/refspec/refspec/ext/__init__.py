@@ -11,6 +11,9 @@ may provide any of:
   (filters run in mechanism-name order);
 - `head(engine, knobs) -> Head`: the argmax over the final-norm hidden states of a pass's rows,
   replacing the LM head's; at most one enabled mechanism may provide one;
+- `batch(engine, knobs) -> BatchPolicy`: in batch serving (batch.py), the passes of all of a
+  step's busy requests at once, each then accepted by the policy; at most one enabled mechanism
+  may provide one;
 - `setup(engine, knobs)`: called once after the engine is built (e.g. to convert weights).
 
 A module here may import torch at import time: `load` runs after the process is pinned.
@@ -55,6 +58,13 @@ class Policy(Protocol):
         ...
 
 
+class BatchPolicy(Protocol):
+    def propose(self, lanes: list[Any], lattices: list[Any], remaining: list[int]) -> list[Pass]:
+        """The pass of each busy lane (in order): `lattices[i]` is lane i's draft after the filters,
+        `remaining[i]` the tokens its request still wants."""
+        ...
+
+
 class Head(Protocol):
     def argmax(self, hidden: Any) -> list[int]:
         """The argmax of each row's logits, from its final-norm hidden state [rows, hidden]."""
@@ -71,6 +81,7 @@ class Mechanism:
     policy: Callable[[Any, Any], Policy] | None = None
     draft: Callable[[Any, Any], Any] | None = None
     head: Callable[[Any, Any], Head] | None = None
+    batch: Callable[[Any, Any], BatchPolicy] | None = None
     setup: Callable[[Any, Any], None] | None = None
 
 
@@ -98,7 +109,7 @@ def load(config: Config, knobs_dir: Path = KNOBS_DIR) -> list[tuple[Mechanism, A
         config.ext[name] = knobs
         if getattr(knobs, "enabled", False):
             found.append((mech, knobs))
-    for hook in ("policy", "head"):
+    for hook in ("policy", "head", "batch"):
         owners = [m.name for m, _ in found if getattr(m, hook)]
         if len(owners) > 1:
             raise RefspecError(
