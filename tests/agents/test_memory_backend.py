@@ -110,7 +110,9 @@ def test_a_batch_only_entry_is_offered_only_on_a_batch_deployment(world):
     assert dep.serving.shape == "single" and not summary["refspec-shared-budget"]["applicable"]
     assert summary["refspec-adaptive-block"]["applicable"]  # a per-request block acts on one request too
     batch = load_deployment("smollm-cpu-batch")
-    assert sealing.fits_target({"target": "batch"}, batch) and not sealing.fits_target({"target": "batch"}, dep)
+    assert sealing.fits_target({"target": "batch"}, batch) and not sealing.fits_target(
+        {"target": "batch"}, dep
+    )
 
 
 def test_sub_agent_edits_one_line_and_applies_entry_deltas(world):
