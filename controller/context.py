@@ -6,9 +6,11 @@ sets (as many per set as the workload samples), with a secret seed, and carry ne
 (`r00`, `r01`, ...): a system cannot know which requests a period will bring, nor tell a judged
 run from any other. The draw and the ids' sources are recorded in the run's evidence.
 
-A batch deployment (`serving.shape = "batch"`) is measured on groups: the measured requests form
-one group per batch size B (id `b{B}`, served B at a time), so a group's speed is the output
-throughput at B and a block's mean log ratio is the geometric mean over batch sizes (paper §5.1).
+A batch deployment (`serving.shape = "batch"`) is measured on groups: one group per batch size B
+(id `b{B}`, served B at a time), each of its own drawn requests (as many per set as the workload
+samples; no request twice in a period, so no system can replay an answer it already gave), so a
+group's speed is the output throughput at B and a block's mean log ratio is the geometric mean
+over batch sizes (paper §5.1).
 What reads outputs request by request (the audit, Phase 0's scoring) takes the groups apart with
 `flatten`.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from specpilot.deployments import Deployment, Home
+from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.deployments.workloads import load_requests, pool_file, request_file
 from specpilot.memory_store import Workspace, records
 
@@ -57,9 +59,17 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None) -> tuple
     by_set: dict[str, list] = {}
     for r in pool:
         by_set.setdefault(r.set, []).append(r)
+    n_groups = len(dep.serving.batch_sizes) if dep.serving.shape == "batch" else 1
     chosen = []
     for name, k in dep.workload.sets.items():
-        chosen += rng.sample(by_set.get(name, []), k)
+        have = by_set.get(name, [])
+        if len(have) < k * n_groups:
+            per = f" ({k} for each of {n_groups} batch sizes)" if n_groups > 1 else ""
+            raise SpecPilotError(
+                f"deployment {dep.name!r}: a draw needs {k * n_groups} prompts of set {name!r}{per}, "
+                f"its pool holds {len(have)}; lower workload.sets.{name}"
+            )
+        chosen += rng.sample(have, k * n_groups)
     rng.shuffle(chosen)
     warm = rng.sample(
         [r for r in pool if r not in chosen], min(dep.controller.warmup_requests, len(pool) - len(chosen))
@@ -68,10 +78,12 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None) -> tuple
     reqs = [Request(f"r{i:02d}", r.input_ids, r.max_new_tokens) for i, r in enumerate(picked)]
     sources = {q.id: r.id for q, r in zip(reqs, picked, strict=True)}
     if dep.serving.shape == "batch":
-        warm_reqs, measured = reqs[: len(warm)], tuple(reqs[len(warm) :])
-        groups = [Group(f"b{b}", b, measured) for b in dep.serving.batch_sizes]
+        warm_reqs, measured = reqs[: len(warm)], reqs[len(warm) :]
+        per = len(measured) // n_groups
+        groups = [Group(f"b{b}", b, tuple(measured[i * per : (i + 1) * per]))
+                  for i, b in enumerate(dep.serving.batch_sizes)]  # fmt: skip
         # A group's source names its members, so a speed record never pairs two different groups.
-        sources |= {g.id: f"{g.batch}x[" + ",".join(sources[r.id] for r in measured) + "]" for g in groups}
+        sources |= {g.id: f"{g.batch}x[" + ",".join(sources[r.id] for r in g.requests) + "]" for g in groups}
         reqs = warm_reqs + groups
     return reqs, {"seed": seed, "pool": len(pool), "sources": sources}
 

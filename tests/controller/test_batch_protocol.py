@@ -139,7 +139,11 @@ def test_batch_phase0_measures_stock_over_ar_by_batch_size(batch_judged):
     assert all(0.2 < r < 5 for r in figures["stock_over_ar_by_batch"].values())
     # Scored request by request: the warm-up request and each group's three, 16 tokens each.
     assert figures["requests"] == 1 + 2 * 3 and figures["stock"]["positions"] == 7 * 16
-    assert {"b2", "b3"} <= set(figures["draw"]["sources"]) and figures["noise"]["design"] == "sliced"
+    sources = figures["draw"]["sources"]
+    assert {"b2", "b3"} <= set(sources) and figures["noise"]["design"] == "sliced"
+    # Each group its own requests: no system serves a request twice in a period (it could replay it).
+    members = [set(sources[g].split("[")[1].rstrip("]").split(",")) for g in ("b2", "b3")]
+    assert len(members[0]) == len(members[1]) == 3 and not members[0] & members[1]
 
 
 def test_batch_compare_approves_a_cheaper_batched_step(batch_judged):
@@ -162,3 +166,23 @@ def test_batch_compare_approves_a_cheaper_batched_step(batch_judged):
     assert served == {"b2", "b3"}, "the measured units are the groups"
     audit = ev.evidence["audit"]
     assert audit["passed"] and audit["positions"] >= dep.controller.audit_positions
+
+
+def test_a_draw_the_pool_cannot_fill_is_one_clear_error(batch_dep):
+    """Each group draws its own requests: 90 HumanEval prompts for each of 2 batch sizes is more than
+    the pool's 164."""
+    from specpilot.controller.context import draw_requests
+    from specpilot.deployments import SpecPilotError
+
+    home, dep, _ = batch_dep
+    big = dep.model_copy(update={"workload": dep.workload.model_copy(update={"sets": {"humaneval": 90}})})
+    with pytest.raises(
+        SpecPilotError,
+        match=r"needs 180 prompts of set 'humaneval' \(90 for each of 2 batch sizes\), its pool holds 164; lower workload.sets.humaneval",
+    ):
+        draw_requests(big, home)
+    reqs, draw = draw_requests(dep, home)
+    groups = reqs[dep.controller.warmup_requests :]
+    assert [g.batch for g in groups] == [2, 3] and all(len(g.requests) == 7 for g in groups)
+    ids = [r.id for g in groups for r in g.requests]
+    assert len(set(ids)) == len(ids) == 14 and len(set(draw["sources"][i] for i in ids)) == 14
