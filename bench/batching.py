@@ -67,14 +67,14 @@ def main() -> None:
     prompts = [r["input_ids"] for r in reqs if r.get("set", "humaneval") == "humaneval"][: args.prompts]
     n = args.max_new_tokens
     warm_up(engine)
-    reference = []
+    reference, t_ref = [], time.perf_counter()
     for p in prompts:  # single-request AR: what every batched output must equal
         out = []
         for chunk in engine.generate(p, n, "ar"):
             out.extend(chunk)
         reference.append(out)
     print(
-        f"single-request AR reference: {len(prompts)} prompts in {time.perf_counter() - t0:.1f} s", flush=True
+        f"single-request AR reference: {len(prompts)} prompts in {time.perf_counter() - t_ref:.1f} s", flush=True
     )
 
     def sync() -> None:

@@ -80,20 +80,30 @@ def open_engine(slot: str, model: str, cache: Path | None, config: Config, eager
     return Engine(net, config, mechanisms)
 
 
-def warm_up(engine) -> float:
+# A repeating prompt makes the drafter match, so the spec run verifies multi-row chains.
+WARM_UP_PROMPT = [(7 * i) % 97 + 10 for i in range(40)] * 2
+
+
+def warm_up(engine, batch: bool = False) -> float:
     """Run every path once (prefill, multi-row verify, single-row AR) and capture the CUDA graphs
-    of every row count the policy can verify; return the seconds taken."""
+    of every row count the policy can verify; with `batch`, serve one two-lane group too, so the
+    first timed group's batched forward is not the first. Return the seconds taken."""
     t0 = time.perf_counter()
-    # A repeating prompt makes the drafter match, so the spec run verifies multi-row chains.
-    prompt = [(7 * i) % 97 + 10 for i in range(40)] * 2
     for mode in ("spec", "ar"):
-        for _ in engine.generate(prompt, 8, mode):
+        for _ in engine.generate(WARM_UP_PROMPT, 8, mode):
             pass
     capture = getattr(engine.model, "capture", None)
     if capture is not None:
         for rows in range(1, engine.policy.max_rows + 1, 16):
             capture(rows, engine.head is not None)
         capture(engine.policy.max_rows, engine.head is not None)
+    if batch:
+        from .batch import BatchEngine
+
+        reqs = [Request(id=i, input_ids=WARM_UP_PROMPT[i:], max_new_tokens=8) for i in range(2)]
+        for mode in ("spec", "ar"):
+            for _ in BatchEngine(engine, 2).generate(reqs, mode):
+                pass
     return time.perf_counter() - t0
 
 
@@ -104,13 +114,18 @@ class Request:
     max_new_tokens: int
 
 
+def _check_id(obj: dict, what: str) -> str | int:
+    rid = obj.get("id")
+    if not isinstance(rid, str | int) or isinstance(rid, bool):
+        raise RefspecError(f"a {what} needs an 'id' (a string)")
+    return rid
+
+
 def parse_request(obj: object) -> Request:
     """A request object of the serve protocol / request files, or a RefspecError saying what is wrong."""
     if not isinstance(obj, dict):
         raise RefspecError("a request must be a JSON object")
-    rid = obj.get("id")
-    if not isinstance(rid, str | int) or isinstance(rid, bool):
-        raise RefspecError("request needs an 'id' (a string)")
+    rid = _check_id(obj, "request")
     ids = obj.get("input_ids")
     if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
         raise RefspecError("'input_ids' must be a non-empty list of integer token ids")
@@ -134,9 +149,7 @@ class Group:
 
 def parse_group(obj: dict) -> Group:
     """A group line of the serve protocol: {"id", "batch", "requests": [request, ...]}."""
-    gid = obj.get("id")
-    if not isinstance(gid, str | int) or isinstance(gid, bool):
-        raise RefspecError("a group needs an 'id' (a string)")
+    gid = _check_id(obj, "group")
     b = obj.get("batch")
     if type(b) is not int or not 1 <= b <= MAX_BATCH:
         raise RefspecError(f"'batch' must be an integer in 1..{MAX_BATCH} (the requests served at once)")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .config import load_config
 from .errors import RefspecError
-from .runtime import Group, Request, open_engine, parse_group, parse_request, warm_up
+from .runtime import Group, open_engine, parse_group, parse_request, warm_up
 
 
 def _emit(obj: dict) -> None:
@@ -46,17 +46,6 @@ def serve_group(engine, group: Group, mode: str) -> None:
         _emit(event)
     stats = {"steps": batch.steps, "batch": group.batch, "requests": len(group.requests)}
     _emit({"id": group.id, "done": True, "stats": stats})
-
-
-def warm_up_batch(engine) -> None:
-    """One two-lane group, so the first timed group's batched forward is not the first."""
-    from .batch import BatchEngine
-
-    prompt = [(7 * i) % 97 + 10 for i in range(40)] * 2
-    reqs = [Request(id=i, input_ids=prompt[i:], max_new_tokens=8) for i in range(2)]
-    for mode in ("spec", "ar"):
-        for _ in BatchEngine(engine, 2).generate(reqs, mode):
-            pass
 
 
 def serve(engine, slot: str, config, batch: bool = False) -> None:
@@ -114,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         engine = open_engine(args.device, args.model, args.cache, config, eager=args.batch)
         loaded = time.perf_counter() - t0
-        warm = warm_up(engine)
-        if args.batch:
-            warm_up_batch(engine)
+        warm = warm_up(engine, batch=args.batch)
         _log(f"loaded {args.model} on {args.device} in {loaded:.1f}s, warmed up in {warm:.1f}s")
         serve(engine, args.device, config, args.batch)
     except RefspecError as e:
