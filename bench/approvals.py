@@ -2,12 +2,14 @@
 
     python bench/approvals.py --deployment smollm-cpu --home DIR [--repeat 2] [--json OUT]
                               [--candidates refspec-adaptive-block,drafter.min_ngram=2]
+                              [--baseline refspec-tree-verify]
 
 Candidates (each a commit on stock in the deployment's workspace): by default `drafter.min_ngram = 2`
 (a knob of refspec.toml) and the `refspec-draft-confidence` entry of the built-in bundle (its delta
 applied to stock); `--candidates` names others, entries of the home's memory or `knob=value`. Each
 is a full `controller.compare` against stock (sequential blocks, audit, stored verdict) in the
-home's Phase 0 (run first if the home has none).
+home's Phase 0 (run first if the home has none). `--baseline` names an entry to judge against
+instead of stock (e.g. the shared budget against the equal per-request trees of tree-verify).
 """
 
 from __future__ import annotations
@@ -51,12 +53,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--candidates", default="drafter.min_ngram=2,refspec-draft-confidence")
+    ap.add_argument("--baseline", default="stock", help="stock, or an entry of the home's memory")
     args = ap.parse_args()
     home = Home.resolve(args.home)
     dep = load_deployment(args.deployment, home)
     ws, _ = Workspace.init(home, dep)
     if records.get_state(connect(home), dep.name, "phase0") is None:
         controller.run_phase0(dep, home)
+    baseline = "stock" if args.baseline == "stock" else entry_branch(ws, home, dep, args.baseline)
     cands = {}
     for c in args.candidates.split(","):
         if "=" in c:
@@ -70,8 +74,8 @@ def main() -> None:
     for _ in range(args.repeat):
         for label, branch in cands.items():
             t = time.monotonic()
-            ev = controller.compare(dep, home, "stock", branch)
-            rows.append({"candidate": label, "approved": ev.approved, "gain": ev.gain, "lower_bound": ev.lower_bound,
+            ev = controller.compare(dep, home, baseline, branch)
+            rows.append({"candidate": label, "baseline": args.baseline, "approved": ev.approved, "gain": ev.gain, "lower_bound": ev.lower_bound,
                          "threshold": ev.threshold, "blocks": ev.evidence.get("n"), "seconds": time.monotonic() - t,
                          "changes_output": ev.changes_output, "audit_passed": (ev.evidence.get("audit") or {}).get("passed"),
                          "verdict": ev.id, "reasons": ev.reasons})  # fmt: skip
