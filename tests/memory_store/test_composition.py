@@ -1,8 +1,9 @@
 """Built-in refspec entries compose: every pair in both orders, and all of them together, builds,
 serves a short request with stock's output (every entry is lossless), and seal-checks.
 
-Each mechanism adds its own files (refspec/ext/<name>.py, knobs/<name>.toml, the code it carries)
-and edits no stock line, so the stacks apply in any order and give the same tree.
+Each mechanism adds its own files (refspec/ext/<name>.py, knobs/<name>.toml, the code it carries),
+and the one that edits stock lines (prompt admission, in batch.py) edits lines no other entry
+touches, so the stacks apply in any order and give the same tree.
 """
 
 from __future__ import annotations
