@@ -74,7 +74,8 @@ def main() -> None:
             out.extend(chunk)
         reference.append(out)
     print(
-        f"single-request AR reference: {len(prompts)} prompts in {time.perf_counter() - t_ref:.1f} s", flush=True
+        f"single-request AR reference: {len(prompts)} prompts in {time.perf_counter() - t_ref:.1f} s",
+        flush=True,
     )
 
     def sync() -> None:

@@ -61,7 +61,7 @@ def test_chunks_follow_the_step(pa, pa_model):
     be.model.setup_cache(3, 256)
     for lane, p in zip(be.lanes[:2], (long, short), strict=True):
         lane.start(pa.runtime.Request(id=lane.index, input_ids=p, max_new_tokens=4), "spec", admit=True)
-    assert [lane.pos for lane in be.lanes[:2]] == [0, 0] and [lane.unfilled for lane in be.lanes[:2]] == [99, 29]
+    assert [(lane.pos, lane.unfilled) for lane in be.lanes[:2]] == [(0, 99), (0, 29)]
     first = be.admit(be.lanes[:2], {})
     assert {b: len(p.tokens) for b, p in first.items()} == {0: 29, 1: 29}
     assert first[0].tokens == long[:29] and first[0].depth == list(range(29)) and first[0].mask is None
