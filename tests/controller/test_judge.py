@@ -79,11 +79,10 @@ def test_phase0_figures(judged):
     assert figures["stock"]["positions"] == 4 * 40 and figures["draw"]["pool"] == 164
     assert sorted(figures["draw"]["sources"]) == ["r00", "r01", "r02", "r03"]
     noise = figures["noise"]
-    assert (
-        0.0 <= noise["sigma"] < 0.5
-        and noise["design"] == "sliced"
-        and len(noise["runs"][0]["block_logs"]) == 4  # 3 asked: two rounds of a block per core
-    )
+    # 3 quiet blocks asked: rounds of a block per core until there are, a disturbed one set aside.
+    logs = noise["runs"][0]["block_logs"]
+    assert 0.0 <= noise["sigma"] < 0.5 and noise["design"] == "sliced"
+    assert len(logs) >= 3 and (len(logs) + noise["set_aside"]) % 2 == 0
     db = connect(home)
     assert records.get_state(db, dep.name, "phase0")["delta"] == figures["delta"]
     assert records.get_state(db, dep.name, "controller_digest") == controller.judge_digest(dep, home)
