@@ -34,3 +34,25 @@ def run_cli(*args: str, home: Path | None = None, check: bool = False) -> subpro
             f"specpilot {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+def phase0(dep, home, tries: int = 3) -> dict:
+    """`controller.run_phase0`, its A/A noise run tried again (up to `tries` runs in all) when the
+    load check refuses it as disturbed. On a CI VM the hypervisor now and then steals 10-16% of a
+    turn, which the check rightly counts as other load (the turn records show foreign_s = steal_s);
+    the controller's refusal is correct, the fixture just needs a quiet stretch. Any other error
+    fails at once."""
+    from specpilot import controller
+    from specpilot.deployments import SpecPilotError
+    from specpilot.memory_store import connect, records
+
+    for attempt in range(tries):
+        try:
+            if attempt == 0:
+                return controller.run_phase0(dep, home)
+            figures = records.get_state(connect(home), dep.name, "phase0")
+            return figures | {"noise": controller.measure_noise(dep, home)}
+        except SpecPilotError as e:
+            if "noise run was disturbed" not in str(e) or attempt == tries - 1:
+                raise
+    raise ValueError(f"tries must be at least 1 (got {tries})")

@@ -16,6 +16,7 @@ from specpilot.controller.engine import Group, JsonLinesSystem, LineProcess, Req
 from specpilot.deployments import Home, load_deployment
 from specpilot.deployments.registry import SHIPPED
 from specpilot.memory_store.workspace import Workspace
+from tests.conftest import phase0
 
 BATCH = "smollm-batch-test"
 
@@ -114,8 +115,6 @@ BURN = "        _t = __import__('time'); _end = _t.thread_time() + 0.1\n        
 @pytest.fixture(scope="module")
 def batch_judged(tmp_path_factory):
     """A tiny batch deployment (3 requests, groups at B = 2 and 3) with Phase 0 done."""
-    from specpilot import controller
-
     home = Home(tmp_path_factory.mktemp("batch-judge") / "home")
     text = (SHIPPED / "smollm-cpu-batch.toml").read_text().replace("smollm-cpu-batch", TINY_BATCH)
     text = text.replace("batch_sizes = [2, 4, 8]", "batch_sizes = [2, 3]")
@@ -130,7 +129,7 @@ def batch_judged(tmp_path_factory):
     (home.deployments / f"{TINY_BATCH}.toml").write_text(text)
     dep = load_deployment(TINY_BATCH, home)
     ws, _ = Workspace.init(home, dep)
-    return home, dep, ws, controller.run_phase0(dep, home)
+    return home, dep, ws, phase0(dep, home)
 
 
 def test_batch_phase0_measures_stock_over_ar_by_batch_size(batch_judged):

@@ -21,7 +21,7 @@ from specpilot.deployments import Home, SpecPilotError, load_deployment
 from specpilot.deployments.registry import SHIPPED
 from specpilot.memory_store import connect, records
 from specpilot.memory_store.workspace import Workspace
-from tests.conftest import run_cli
+from tests.conftest import phase0, run_cli
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="paired runs need two CPU cores")
 
@@ -50,7 +50,7 @@ def judged(tmp_path_factory):
     _tiny_spec(home)
     dep = load_deployment(TINY, home)
     ws, _ = Workspace.init(home, dep)
-    figures = controller.run_phase0(dep, home)
+    figures = phase0(dep, home)
     return home, dep, ws, figures
 
 
@@ -283,7 +283,7 @@ def one_slot(tmp_path_factory):
     _tiny_spec(home, "smollm-one", '"cpu:0"', "interleaved")
     dep = load_deployment("smollm-one", home)
     ws, _ = Workspace.init(home, dep)
-    return home, dep, ws, controller.run_phase0(dep, home)
+    return home, dep, ws, phase0(dep, home)
 
 
 def test_one_slot_design_takes_turns_and_approves_a_real_gain(one_slot):
