@@ -7,11 +7,10 @@ from __future__ import annotations
 import importlib
 
 import pytest
-import torch
 from refspec.generate import greedy as stock_greedy
 
 from .conftest import humaneval_prompts
-from .tree_entry import checkout_entry, import_tree
+from .tree_entry import batch_engine, checkout_entry, entry_model, import_tree
 
 ENTRY = "refspec-prompt-admission"
 
@@ -28,15 +27,7 @@ def pa(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pa_model(pa, folder):
-    config = pa.config.load_config()
-    return pa.model.load_model(folder, torch.device("cpu"), torch.float32, config.runtime.cpu_layout)
-
-
-def batch_engine(pa, model, lanes: int, **knobs: dict):
-    config = pa.config.load_config()
-    for name, values in knobs.items():
-        config.ext[name] = {**config.ext[name], **values}
-    return pa.batch.BatchEngine(pa.generate.Engine(model, config, pa.ext.load(config)), lanes)
+    return entry_model(pa, folder)
 
 
 def requests(pa, prompts, new_tokens):

@@ -7,13 +7,12 @@ import importlib
 from pathlib import Path
 
 import pytest
-import torch
 from refspec.generate import greedy as stock_greedy
 
 from tests.memory_store.test_tree_entry import definitions, imports
 
 from .conftest import humaneval_prompts
-from .tree_entry import checkout_entry, import_tree
+from .tree_entry import batch_engine, checkout_entry, entry_model, import_tree
 
 ENTRY = "refspec-shared-budget"
 KERNEL = Path(__file__).resolve().parents[2] / "kernels" / "batching.py"
@@ -35,15 +34,7 @@ def sb(tree):
 
 @pytest.fixture(scope="module")
 def sb_model(sb, folder):
-    config = sb.config.load_config()
-    return sb.model.load_model(folder, torch.device("cpu"), torch.float32, config.runtime.cpu_layout)
-
-
-def batch_engine(sb, model, lanes: int, **knobs: dict):
-    config = sb.config.load_config()
-    for name, values in knobs.items():
-        config.ext[name] = {**config.ext[name], **values}
-    return sb.batch.BatchEngine(sb.generate.Engine(model, config, sb.ext.load(config)), lanes)
+    return entry_model(sb, folder)
 
 
 def test_copy_of_the_kernel_is_byte_identical(tree):

@@ -65,3 +65,19 @@ def engine_for(pkg: ModuleType, model, decode: dict | None = None, **knobs: dict
     for name, values in knobs.items():
         config.ext[name] = {**config.ext[name], **values}
     return pkg.generate.Engine(model, config, pkg.ext.load(config))
+
+
+def entry_model(pkg: ModuleType, folder: Path):
+    """The tree's own eager `Transformer` on CPU (batch serving checks the model's class)."""
+    import torch
+
+    config = pkg.config.load_config()
+    return pkg.model.load_model(folder, torch.device("cpu"), torch.float32, config.runtime.cpu_layout)
+
+
+def batch_engine(pkg: ModuleType, model, lanes: int, **knobs: dict):
+    """A `BatchEngine` of the tree's package with `lanes` lanes, mechanism knobs overridden."""
+    config = pkg.config.load_config()
+    for name, values in knobs.items():
+        config.ext[name] = {**config.ext[name], **values}
+    return pkg.batch.BatchEngine(pkg.generate.Engine(model, config, pkg.ext.load(config)), lanes)
