@@ -40,7 +40,7 @@ def main() -> None:
     home = Home(Path("/root/sp/probe-home"))
     tree = Path(__file__).resolve().parents[1] / "deployments" / "stock" / "refspec"
     code = "import torch; x = torch.ones(1 << 20, device='cuda'); print(torch.cuda.get_device_name(0), float(x.sum()))"
-    launch = confine([sys.executable, "-c", code], role="A", tree=tree, binds=[], home=home,
+    launch = confine([sys.executable, "-c", code], tree=tree, binds=[], home=home,
                      env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "0"}, cpus=None)  # fmt: skip
     t = time.perf_counter()
     try:

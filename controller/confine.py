@@ -4,23 +4,28 @@ Inside, a system finds its own tree at /system (read-only), the target's weights
 /cache/models/<name> (read-only), its compile cache at /cache/compile (writable only in the untimed
 prepare run, whose weights are a decoy of random values with the real shapes, so nothing it
 computes there can be an output), HOME in a private /scratch, and nothing of the SpecPilot home:
-no database, no raw runs, no request files, no other system's export. It runs as its own
-unprivileged user in its own namespaces (no other process in sight, no network) and, where the
+no database, no raw runs, no request files, no other system's export. Every run is its own
+unprivileged user (a fresh uid as root) in namespaces of its own, its user namespace included (no other process in sight, no network) and, where the
 machine allows, in its own cgroup (its cores only, frozen while it waits its turn, its CPU time
 counted over every thread and child).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import pwd
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from specpilot.deployments import Home, SpecPilotError
 
@@ -30,9 +35,22 @@ JAIL = Path(__file__).resolve().parent / "jail.py"
 SYSTEM = "/system"
 CACHE = "/cache"
 HOME_IN = "/scratch/home"
-UID_BASE = 61000  # each role (A, B, ...) runs as its own user: UID_BASE + role index
+# As root, every run is a user of its own, drawn afresh from this range (no account uses it), so
+# nothing the kernel keeps per user outlives the run for a later one to find.
+RUN_UIDS = (1 << 24, 1 << 31)
 FSIZE = 256 << 20  # the largest file a system may write (its log included)
-ROLES = {"A": 0, "B": 1, "S": 2, "stock": 0, "ar": 1}
+
+
+def fresh_uid() -> int:
+    """A user id no account and no live process holds: this run's own."""
+    rng = random.SystemRandom()
+    while True:
+        uid = rng.randrange(*RUN_UIDS)
+        with contextlib.suppress(KeyError):
+            pwd.getpwuid(uid)
+            continue
+        if not any(p.uids().real == uid for p in psutil.process_iter()):
+            return uid
 
 
 @dataclass
@@ -43,6 +61,7 @@ class Launch:
     spec_path: Path
     cgroup: Cgroup | None
     env: dict[str, str] = field(default_factory=dict)
+    uid: int | None = None  # the run's own user on the host (root mode), None when unprivileged
 
     def cleanup(self) -> None:
         if self.cgroup is not None:
@@ -62,7 +81,7 @@ def _device_groups() -> list[int]:
     return sorted({p.stat().st_gid for p in dev.glob("nvidia*") if p.exists()} - {0})
 
 
-def confine(cmd: list[str], *, role: str, tree: Path, binds: list[tuple[Path, str, str]], home: Home,
+def confine(cmd: list[str], *, tree: Path, binds: list[tuple[Path, str, str]], home: Home,
             env: dict[str, str], cpus: set[int] | None) -> Launch:  # fmt: skip
     """The launcher command that runs `cmd` confined, with `tree` at /system and `binds` (src, dst, ro|rw)."""
     check_available()
@@ -71,7 +90,7 @@ def confine(cmd: list[str], *, role: str, tree: Path, binds: list[tuple[Path, st
     work = Path(tempfile.mkdtemp(prefix="specpilot-jail-"))
     os.chmod(work, 0o755)
     (work / "root").mkdir()
-    uid = UID_BASE + ROLES.get(role, 3)
+    uid = fresh_uid() if os.geteuid() == 0 else None
     hide = sorted({str(home.root.resolve()), str(home.cache.resolve())})
     spec = {
         "root": str(work / "root"),
@@ -93,7 +112,7 @@ def confine(cmd: list[str], *, role: str, tree: Path, binds: list[tuple[Path, st
         spec["cgroups"] = cgroup.procs
         spec_path.write_text(json.dumps(spec))
     return Launch(
-        [sys.executable, "-I", str(JAIL), str(spec_path), "--", *cmd], spec_path, cgroup, spec["env"]
+        [sys.executable, "-I", str(JAIL), str(spec_path), "--", *cmd], spec_path, cgroup, spec["env"], uid
     )
 
 
@@ -109,11 +128,11 @@ def share(path: Path) -> None:
             p.chmod(want)
 
 
-def hand_to(path: Path, role: str) -> None:
-    """Give a folder (a compile cache about to be prepared) to the role's user."""
-    if os.geteuid() != 0:
+def hand_to(path: Path, launch: Launch) -> None:
+    """Give a folder (a compile cache about to be prepared) to the user of the run `launch` starts."""
+    uid = launch.uid
+    if uid is None:
         return  # unprivileged controller: systems run as this same user (in a user namespace)
-    uid = UID_BASE + ROLES.get(role, 3)
     for p in [path, *path.rglob("*")]:
         os.chown(p, uid, uid, follow_symlinks=False)
 
@@ -137,7 +156,7 @@ def check_available() -> None:
     work = Path(tempfile.mkdtemp(prefix="specpilot-jail-check-"))
     try:
         (work / "root").mkdir()
-        spec = {"root": str(work / "root"), "hide": [], "expose": _expose(), "uid": UID_BASE + 9, "gid": UID_BASE + 9,
+        spec = {"root": str(work / "root"), "hide": [], "expose": _expose(), "uid": RUN_UIDS[0], "gid": RUN_UIDS[0],
                 "home": HOME_IN, "env": {"PATH": "/usr/bin:/bin"}}  # fmt: skip
         (work / "spec.json").write_text(json.dumps(spec))
         proc = subprocess.run([sys.executable, "-I", str(JAIL), str(work / "spec.json"), "--", sys.executable,
@@ -146,7 +165,8 @@ def check_available() -> None:
         shutil.rmtree(work, ignore_errors=True)
     if proc.returncode != 0:
         raise SpecPilotError(
-            f"this machine cannot confine a system ({proc.stderr.strip() or f'exit {proc.returncode}'}); the "
-            "controller runs every system in its own namespaces: run it as root, or allow unprivileged user "
-            "namespaces (sysctl kernel.unprivileged_userns_clone=1, or user.max_user_namespaces > 0)"
+            f"this machine cannot confine a system ({proc.stderr.strip() or f'exit {proc.returncode}'}), so the "
+            "controller will not judge: every system runs in namespaces of its own, a user namespace included "
+            "(as root too), under a seccomp filter; allow user namespaces (sysctl user.max_user_namespaces > 0, "
+            "kernel.unprivileged_userns_clone=1) on a kernel with seccomp, and run as root or as a normal user"
         )

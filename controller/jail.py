@@ -8,10 +8,13 @@ The controller runs every system through this launcher, so a system under judgem
 - finds its own tree, the target's weights and its compile cache at the same neutral paths in
   every run (`binds`, e.g. /system, /cache/models/<name>), so a judged run looks like any other,
 - has no network unless `net` (its own network namespace: loopback only),
-- runs as an unprivileged user (as root: `uid`/`gid`; as a normal user: a user namespace whose
-  root has dropped every capability), with no way to regain privileges, a cap on the size of any
-  file it writes (`fsize`), and is placed in its cgroups (`cgroups`: files to write its pid into)
-  before any of its code runs.
+- runs as an unprivileged user of its own: as root, this run's own `uid`/`gid` (drawn afresh for
+  every run); in both modes inside a user namespace of its own, made for this run, whose root has
+  dropped every capability; with a session keyring of its own, no way to regain privileges, a cap
+  on the size of any file it writes (`fsize`), and is placed in its cgroups (`cgroups`: files to
+  write its pid into) before any of its code runs. So nothing the kernel keys by user or by
+  namespace (user and persistent keyrings, SysV IPC and POSIX queues, abstract sockets, the
+  network) is shared with another system, another period or a later run.
 The launcher stays outside as the namespace's parent, and outside the cgroups, so it is never
 frozen: when the controller dies (or stops it), it thaws the cgroups and kills the namespace, so a
 system frozen in its turn does not outlive the controller. The namespace's first process reaps
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import platform
@@ -36,9 +40,16 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18)  # fmt: skip
 MNT_DETACH, AT_RECURSIVE, MOUNT_ATTR_RDONLY, MS_MOVE = 2, 0x8000, 1, 8192
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_SECUREBITS = 1, 38, 24, 28
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_DUMPABLE = 1, 38, 24, 28, 4
+KEYCTL_JOIN_SESSION_KEYRING = 1
 SECURE_ALL = 0x2F  # NOROOT, NOROOT_LOCKED, NO_SETUID_FIXUP_LOCKED, KEEP_CAPS_LOCKED
-SYS = {"x86_64": {"pivot_root": 155, "capset": 126}, "aarch64": {"pivot_root": 41, "capset": 91}}
+SYS = {"x86_64": {"pivot_root": 155, "capset": 126, "keyctl": 250, "add_key": 248, "request_key": 249},
+       "aarch64": {"pivot_root": 41, "capset": 91, "keyctl": 219, "add_key": 217, "request_key": 218}}
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+# Kernel keys are one store for the whole machine, found by serial from any namespace: a system
+# gets none (ENOSYS, as on a kernel built without them).
+NO_SYSCALLS = ("add_key", "keyctl", "request_key")
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (Linux >= 5.12)
 SETUP_FAILED = 121
 # Top-level folders the new root does not take from the machine: fresh mounts or private tmpfs.
@@ -186,15 +197,56 @@ def build_root(spec: dict) -> None:
         os.chdir("/")
 
 
+def own_user_namespace() -> None:
+    """Enter a user namespace made for this run, its root mapped to the current user alone: what
+    the kernel keeps per user and namespace (the user and persistent keyrings above all) starts
+    empty and dies with the run."""
+    uid, gid = os.geteuid(), os.getegid()
+    _check(libc.unshare(CLONE_NEWUSER), "unshare (user namespace)")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def deny_syscalls(names: tuple[str, ...]) -> None:
+    """A seccomp filter, inherited by everything the system starts: `names` fail with ENOSYS, a
+    call of another architecture's ABI (x32 numbers, say) kills the process, the rest runs."""
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]  # fmt: skip
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, kill, enosys = 0x7FFF0000, 0x80000000, 0x00050000 | errno.ENOSYS
+    nrs = [SYS[platform.machine()][n] for n in names]
+    n = len(nrs)  # jumps count from the next instruction; the three returns close the program
+    code = [(ld, 0, 0, 4), (jeq, 1, 0, AUDIT_ARCH[platform.machine()]), (ret, 0, 0, kill),  # arch
+            (ld, 0, 0, 0), (jge, n + 1, 0, 0x40000000)]  # fmt: skip  # the number; x32's: to kill
+    code += [(jeq, n + 1 - i, 0, nr) for i, nr in enumerate(nrs)]  # to ENOSYS
+    code += [(ret, 0, 0, allow), (ret, 0, 0, kill), (ret, 0, 0, enosys)]
+    prog = (Filter * len(code))(*[Filter(*c) for c in code])
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(Prog(len(code), prog)), 0, 0),
+           "seccomp filter")  # fmt: skip
+
+
 def drop_privileges(spec: dict, userns: bool) -> None:
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    if not userns:
+    if not userns:  # root: become this run's own user first
         groups = [g for g in spec.get("groups", []) if g]
         os.setgroups(groups)
         os.setgid(spec["gid"])
         os.setuid(spec["uid"])
-        return
-    # Root of a user namespace: keep uid 0 inside it, but with no capability and no way back.
+        _check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")  # to write its own /proc/self/*_map
+    own_user_namespace()
+    # A session keyring of its own: the one inherited from the controller is shared by every run.
+    if libc.syscall(SYS[platform.machine()]["keyctl"], KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        if ctypes.get_errno() != errno.ENOSYS:  # a kernel without keys has no keyring to share
+            raise SetupError(f"join a fresh session keyring: {os.strerror(ctypes.get_errno())}")
+    deny_syscalls(NO_SYSCALLS)
+    # Root of that namespace: keep uid 0 inside it, but with no capability and no way back.
     _check(libc.prctl(PR_SET_SECUREBITS, SECURE_ALL, 0, 0, 0), "securebits")
     cap = 0
     while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:

@@ -92,8 +92,6 @@ class RefspecAdapter:
         )
         cc = compile_cache(self.home, tree, slot)
         cc.mkdir(parents=True, exist_ok=True)
-        if prepare:
-            hand_to(cc, role)
         cmd = [sys.executable, "-s", "-m", "refspec.serve", "--device", slot.device_arg(), "--model", model,
                "--cache", CACHE] + (["--batch"] if self.dep.serving.shape == "batch" else [])  # fmt: skip
         env = {
@@ -107,7 +105,9 @@ class RefspecAdapter:
                 env[var] = os.environ[var]
         binds = [(weights, inside, "ro"), (cc, f"{CACHE}/compile", "rw" if prepare else "ro")]
         cpus = {slot.index} if slot.kind == "cpu" else None
-        launch = confine(cmd, role=role, tree=path, binds=binds, home=self.home, env=env, cpus=cpus)
+        launch = confine(cmd, tree=path, binds=binds, home=self.home, env=env, cpus=cpus)
+        if prepare:
+            hand_to(cc, launch)
         core = slot.index if slot.kind == "cpu" else None
         return JsonLinesSystem(LineProcess(launch, cwd=path, log=log, cpu_core=core))
 

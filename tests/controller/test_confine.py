@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from specpilot.controller.cgroups import Cgroup
-from specpilot.controller.confine import FSIZE, UID_BASE, _expose, check_available, confine
+from specpilot.controller.confine import FSIZE, RUN_UIDS, _expose, check_available, confine
 from specpilot.deployments import Home, SpecPilotError
 
 try:
@@ -38,7 +38,7 @@ CGROUPS = _cgroups_writable()
 
 PROBE = r"""
 import json, os, signal, socket, sys
-out = {"uid": os.getuid(), "pid": os.getpid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+out = {"uid": os.getuid(), "uid_map": open("/proc/self/uid_map").read().split(), "pid": os.getpid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
        "cwd": os.getcwd(), "home": os.environ.get("HOME"), "tmp": os.listdir("/tmp"), "system": sorted(os.listdir("/system")),
        "affinity": sorted(os.sched_getaffinity(0))}
 def attempt(name, fn):
@@ -83,7 +83,7 @@ def run_probe(home: Home, tree: Path, writable: Path, cpus: set[int] | None = No
     server.listen()
     try:
         launch = confine([sys.executable, "-I", "/system/probe.py", str(writable), str(home.root), str(victim.pid),
-                          str(server.getsockname()[1])], role="B", tree=tree, binds=[], home=home,
+                          str(server.getsockname()[1])], tree=tree, binds=[], home=home,
                          env={"PATH": "/usr/bin:/bin"}, cpus=cpus)  # fmt: skip
         try:
             proc = subprocess.run(launch.argv, env=launch.env, capture_output=True, text=True, timeout=60)
@@ -111,8 +111,9 @@ def test_a_confined_system_sees_nothing_and_touches_nothing(world):
     under_tmp = {Path(p).parts[2] for p in _expose() if p.startswith("/tmp/")}
     assert got["cwd"] == "/system" and got["home"] == "/scratch/home" and set(got["tmp"]) == under_tmp
     assert got["system"] == ["probe.py"]
-    if os.geteuid() == 0:
-        assert got["uid"] == UID_BASE + 1  # role B's own user
+    assert got["uid"] == 0 and got["uid_map"][0] == "0", "the root of a user namespace of its own ..."
+    if os.geteuid() == 0:  # ... mapped to a user of its own on the host
+        assert RUN_UIDS[0] <= int(got["uid_map"][1]) < RUN_UIDS[1] and got["uid_map"][2] == "1"
     assert got["write_system"].startswith("OSError: Read-only file system"), got["write_system"]
     assert got["write_host"] != "ok", "a world-writable host folder is out of reach (read-only or not there)"
     assert got["read_hidden"] != "ok", "the SpecPilot home is out of sight"
@@ -133,7 +134,7 @@ def test_the_hidden_home_is_empty_inside(world, tmp_path):
         "try:\n    seen = os.listdir(sys.argv[1] + '/runs')\nexcept OSError as e:\n    seen = str(e)\n"
         "print(json.dumps(seen))\n"
     )
-    launch = confine([sys.executable, "-I", "/system/probe.py", str(home.root)], role="A", tree=tree, binds=[],
+    launch = confine([sys.executable, "-I", "/system/probe.py", str(home.root)], tree=tree, binds=[],
                      home=home, env={"PATH": "/usr/bin:/bin"}, cpus=None)  # fmt: skip
     try:
         proc = subprocess.run(launch.argv, env=launch.env, capture_output=True, text=True, timeout=60)
@@ -148,7 +149,7 @@ def test_a_file_past_the_size_limit_ends_the_system(world):
     (tree / "probe.py").write_text(
         f"f = open('/tmp/big', 'wb')\nf.write(b'x' * ({FSIZE} + 4096))\nf.flush()\nprint('wrote')\n"
     )
-    launch = confine([sys.executable, "-I", "/system/probe.py"], role="A", tree=tree, binds=[], home=home,
+    launch = confine([sys.executable, "-I", "/system/probe.py"], tree=tree, binds=[], home=home,
                      env={"PATH": "/usr/bin:/bin"}, cpus=None)  # fmt: skip
     try:
         proc = subprocess.run(launch.argv, env=launch.env, capture_output=True, text=True, timeout=60)
@@ -194,7 +195,7 @@ from pathlib import Path
 from specpilot.controller.confine import confine
 from specpilot.deployments import Home
 launch = confine([sys.executable, "-I", "-c", "print('up', flush=True)\nimport time\nwhile True: time.sleep(1)"],
-                 role="A", tree=Path(sys.argv[1]), binds=[], home=Home(Path(sys.argv[2])), env={"PATH": "/usr/bin:/bin"},
+                 tree=Path(sys.argv[1]), binds=[], home=Home(Path(sys.argv[2])), env={"PATH": "/usr/bin:/bin"},
                  cpus={0})
 proc = subprocess.Popen(launch.argv, env=launch.env, stdout=subprocess.PIPE, text=True, start_new_session=True)
 assert proc.stdout.readline().strip() == "up"
