@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from .adapters import adapter_for
 from .context import digest, draw_requests, flatten, more_requests, slots_of, workspace
 from .engine import Request, SystemFailed
 from .forcing import AuditResult, ScoredOutput, audit
-from .paired import run_period
+from .paired import paired_run, run_period
 from .slots import lease
 from .systems import checkout
 
@@ -55,23 +56,37 @@ def audit_outputs(dep: Deployment, home: Home, db, reqs: list[Request], outputs:
     return audit(cand, stock, float(phase0["delta"]), explained)
 
 
-def top_up(dep: Deployment, home: Home, system, reqs: list[Request], draw: dict, outputs: dict[str, list[int]],
-           logs: Path) -> tuple[list[Request], dict[str, list[int]], dict | None]:  # fmt: skip
-    """An approval's audit material: the run's requests and outputs, with fresh pool requests run
-    untimed on the first slot until they hold `controller.audit_positions` output positions (the
-    planted defect changes 16 of 35 HumanEval requests, so none of a tiny period's four ~9% of the
-    time). (requests, outputs, the added requests' draw or None)."""
+def top_up(dep: Deployment, home: Home, baseline, candidate, reqs: list[Request], draw: dict,
+           outputs: dict[str, list[int]], base_outputs: dict[str, list[int]], raw: Path) -> dict:  # fmt: skip
+    """The audit material of an approval or an output-changing candidate: the run's requests and
+    outputs (the baseline's beside them, to explain a mismatch), with fresh pool requests until
+    they hold `controller.audit_positions` output positions (the planted defect changes 16 of 35
+    HumanEval requests, so none of a tiny period's four ~9% of the time).
+
+    The added requests are served exactly as a timed round is — baseline and candidate in the
+    deployment's design, after as many warm-up requests, ids from r00 — so a system cannot tell the
+    runs the audit alone scores from the timed ones; their times are kept (`raw`), never used.
+    Returns {"reqs", "outputs", "base_outputs", "draw" (the added requests' or None), "violations"}."""
+    out = {"reqs": reqs, "outputs": outputs, "base_outputs": base_outputs, "draw": None, "violations": []}
     need = dep.controller.audit_positions - sum(len(t) for t in outputs.values())
     if need <= 0:
-        return reqs, outputs, None
+        return out
     per = max(1, round(sum(r.max_new_tokens for r in reqs) / len(reqs)))
-    extra, more = more_requests(dep, home, draw, math.ceil(need / per), len(reqs))
-    if not extra:
-        return reqs, outputs, None
-    with lease(home, slots_of(dep)[:1]) as (s0,):
-        period = run_period(adapter_for(dep, home), {"S": system}, {"S": s0}, [{"S": extra}], logs, "audit")
-    added = {r.id: period.results["S"][r.id].tokens for r in extra}
-    return reqs + extra, outputs | added, more
+    warm = dep.controller.warmup_requests
+    extra, more = more_requests(dep, home, draw, warm + math.ceil(need / per), 0)
+    if len(extra) <= warm:
+        return out
+    with lease(home, slots_of(dep)) as slots:
+        run = paired_run(adapter_for(dep, home), baseline, candidate, slots, extra, rounds=1, warmup=warm,
+                         raw=raw, design=dep.design, seed=random.SystemRandom().getrandbits(32))  # fmt: skip
+    renamed = {r.id: f"a{i:02d}" for i, r in enumerate(extra[warm:])}  # apart from the timed run's ids
+    added = [Request(renamed[r.id], r.input_ids, r.max_new_tokens) for r in extra[warm:]]
+    more["sources"] = {renamed[k]: v for k, v in more["sources"].items() if k in renamed}
+    got = {lb: {renamed[k]: v for k, v in run.outputs.get(lb, {}).items()} for lb in ("A", "B")}
+    from . import checks
+
+    return out | {"reqs": reqs + added, "outputs": outputs | got["B"], "base_outputs": base_outputs | got["A"],
+                  "draw": more, "violations": run.violations + checks.violations(run)}  # fmt: skip
 
 
 def contexts(dep: Deployment, home: Home, result: AuditResult, outputs: dict[str, list[int]]) -> list[dict]:

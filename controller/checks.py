@@ -6,6 +6,11 @@ Each finding is an integrity violation: the comparison gets no approval, and the
 - It worked before the timed window: it took far longer than the baseline to report ready (the
   controller sends requests only after ready, over the protocol, so work done then can only be
   work on something else than the requests — or precomputed answers).
+- It worked while it was not timed: its CPU seconds before it reported ready, or after it was ready
+  outside its turns (waiting for the other system, between turns, and in its exit window after its
+  last request, read from its cgroup, which counts exited processes too), far beyond the
+  baseline's in the same windows. What a system computes untimed could only serve a timed copy of
+  it elsewhere (through a channel jail.py closes) or precompute; either way it is no speed.
 - It produced tokens without computing them: on a CPU slot where the baseline computes (at least
   half a CPU-second per second of serving), its CPU time per second of serving is far below the
   baseline's on the same requests while it serves them faster (a system that paces out answers it
@@ -24,7 +29,8 @@ import statistics
 from .paired import PairedRun
 
 CPU_SHARE_LIMIT = 1.05  # CPU seconds per wall second a one-core system may use (accounting slack)
-READY_FACTOR, READY_SLACK_S = 1.5, 5.0  # B may take this much longer than A to be ready
+READY_FACTOR, READY_SLACK_S = 1.5, 5.0  # B may take this much longer than A to be ready (s, CPU-s)
+UNTIMED_FACTOR, UNTIMED_SLACK_S = 1.5, 1.0  # ... and use this much more CPU outside its turns after it
 WORK_FLOOR = 0.5  # B's CPU per serving second must be at least this share of A's ...
 COMPUTE_BOUND = 0.5  # ... where A computes on its CPU core (a GPU engine or a fake that sleeps does not)
 BASELINE_FLOOR = 0.85  # the baseline's median speed ratio to its record must be at least this
@@ -46,6 +52,7 @@ def violations(run: PairedRun) -> list[str]:
         if ready.get("A") and ready.get("B") and ready["B"] > READY_FACTOR * ready["A"] + READY_SLACK_S:
             out.append(f"system B took {ready['B']:.1f} s to report ready against the baseline's {ready['A']:.1f} s: "
                        "work before the timed window")  # fmt: skip
+        out += _untimed(period)
         busy = {lb: 0.0 for lb in ("A", "B")}
         wall = {lb: 0.0 for lb in ("A", "B")}
         for turn in period.turns:
@@ -59,6 +66,28 @@ def violations(run: PairedRun) -> list[str]:
                 out.append(f"system B used {ub:.2f} CPU-s per second of serving against the baseline's {ua:.2f}: "
                            "tokens without compute")  # fmt: skip
     return sorted(set(out), key=out.index)
+
+
+def _untimed(period) -> list[str]:
+    """B's CPU seconds before ready and after ready outside its turns, against A's."""
+    u = period.usage
+    if not ("A" in u and "B" in u):
+        return []
+    out = []
+    ready = {lb: u[lb].get("ready_cpu_s") for lb in ("A", "B")}
+    if None not in ready.values() and ready["B"] > READY_FACTOR * ready["A"] + READY_SLACK_S:
+        out.append(f"system B used {ready['B']:.1f} CPU-s before it reported ready against the baseline's "
+                   f"{ready['A']:.1f}: work before the timed window")  # fmt: skip
+    after = {}
+    for lb in ("A", "B"):
+        total = u[lb].get("cpu_total_s") if u[lb].get("exit_cpu_s") is not None else None
+        if total is None or ready[lb] is None:
+            return out  # not measured here (no cgroup): the ready-time check stands alone
+        after[lb] = max(0.0, total - ready[lb] - sum(t.cpu_s.get(lb, 0.0) for t in period.turns))
+    if after["B"] > UNTIMED_FACTOR * after["A"] + UNTIMED_SLACK_S:
+        out.append(f"system B used {after['B']:.1f} CPU-s outside its turns after it was ready (waiting, between "
+                   f"turns, exiting) against the baseline's {after['A']:.1f}: work while not timed")  # fmt: skip
+    return out
 
 
 def request_speeds(run: PairedRun, label: str, sources: dict[str, str]) -> dict[str, float]:

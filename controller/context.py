@@ -51,8 +51,18 @@ def tuning_requests(dep: Deployment, home: Home, limit: int | None = None) -> li
     return reqs[:limit] if limit else reqs
 
 
-def draw_requests(dep: Deployment, home: Home, seed: int | None = None) -> tuple[list[Request], dict]:
-    """Warm-up + measured requests drawn from the pool, with neutral ids; and the draw's record."""
+ANCHORS = 4  # measured requests a draw takes from the baseline's speed record, where it has them
+
+
+def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
+                  anchors: frozenset[str] = frozenset()) -> tuple[list[Request], dict]:  # fmt: skip
+    """Warm-up + measured requests drawn from the pool, with neutral ids; and the draw's record.
+
+    `anchors`: pool ids the baseline's speed record holds; up to `ANCHORS` of the measured requests
+    are drawn among them (each in place of one of its own set), so the check of the baseline
+    against its record (checks.baseline_slowed) has requests to compare by design, not by luck.
+    Which ones is as secret as the rest of the draw. (Not for batch groups: a group's record is
+    of its exact members.)"""
     seed = random.SystemRandom().getrandbits(64) if seed is None else seed
     rng = random.Random(seed)
     pool = load_requests(pool_file(dep, home))
@@ -70,6 +80,12 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None) -> tuple
                 f"its pool holds {len(have)}; lower workload.sets.{name}"
             )
         chosen += rng.sample(have, k * n_groups)
+    if anchors and n_groups == 1:
+        known = [r for r in pool if r.id in anchors and r not in chosen and r.set in dep.workload.sets]
+        for a in rng.sample(known, min(ANCHORS, len(known), len(chosen))):
+            same = [i for i, r in enumerate(chosen) if r.set == a.set and r.id not in anchors]
+            if same:
+                chosen[rng.choice(same)] = a
     rng.shuffle(chosen)
     warm = rng.sample(
         [r for r in pool if r not in chosen], min(dep.controller.warmup_requests, len(pool) - len(chosen))
@@ -112,8 +128,8 @@ def flatten(
 
 
 def more_requests(dep: Deployment, home: Home, draw: dict, n: int, first: int) -> tuple[list[Request], dict]:
-    """`n` more pool requests outside `draw` (ids `r{first}` on), with the same neutral ids and a
-    fresh secret seed: what an approval's audit adds when a period's outputs are too few to score."""
+    """`n` more pool requests outside `draw` (ids `r{first}` on), neutral ids as a draw's, and a
+    fresh secret seed: what an audit adds when a run's outputs are too few to score."""
     seed = random.SystemRandom().getrandbits(64)
     used = set(draw["sources"].values())
     rest = [r for r in load_requests(pool_file(dep, home)) if r.id not in used]

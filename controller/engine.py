@@ -24,7 +24,7 @@ from typing import Protocol
 
 import psutil
 
-from .confine import Launch
+from .confine import FSIZE, Launch
 from .slots import Slot
 
 READY_TIMEOUT_S = 600.0
@@ -87,7 +87,7 @@ class RequestResult:
 class RunningSystem(Protocol):
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict: ...
     def run(self, request: Request | Group, timeout_s: float) -> RequestResult: ...
-    def stop(self) -> None: ...
+    def stop(self) -> dict | None: ...  # what it did in its exit window, where measured
     def usage(self) -> dict: ...
     def pause(self, on: bool) -> None: ...
     def pids(self) -> list[int]: ...
@@ -147,21 +147,36 @@ class LineProcess:
         self.cpu_core = cpu_core
         preexec = (lambda: os.sched_setaffinity(0, {cpu_core})) if cpu_core is not None else None
         self.t_start = time.perf_counter()
+        # stderr is a pipe the controller copies into the log: a file's name would tell the
+        # system which kind of run it is in (an audit's, a timed period's).
         self.proc = subprocess.Popen(
             launch.argv, cwd=cwd, env=launch.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._log, preexec_fn=preexec, start_new_session=True,
+            stderr=subprocess.PIPE, preexec_fn=preexec, start_new_session=True,
         )  # fmt: skip
         self.lines: queue.Queue[tuple[float, bytes | None]] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        self._copier = threading.Thread(target=self._copy_stderr, daemon=True)
+        self._copier.start()
         self._cpu_s = 0.0
         self.paused = False
+        self.exit: dict | None = None  # what stop() measured of the exit window
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         while line := self.proc.stdout.readline(MAX_LINE):
             self.lines.put((time.perf_counter(), line))
         self.lines.put((time.perf_counter(), None))  # end of output: the process is gone
+
+    def _copy_stderr(self) -> None:
+        """The system's stderr into its log, up to the size any file of it may have."""
+        assert self.proc.stderr is not None
+        written = 0
+        while chunk := self.proc.stderr.read1(1 << 16):
+            if written < FSIZE:
+                self._log.write(chunk[: FSIZE - written])
+                self._log.flush()
+            written += len(chunk)
 
     def log_tail(self, n: int = 40) -> str:
         self._log.flush()
@@ -238,10 +253,16 @@ class LineProcess:
             out["cores"] = allowed_cores(pids)
         return out
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = 10.0) -> dict:
+        """Shut the system down (it may take `grace_s`), then kill whatever it left. What it did
+        after its last request — seconds to exit and CPU seconds spent — is returned and kept in
+        `exit`; the CPU is read from its cgroup, which still counts the exited processes."""
+        if self.exit is not None:
+            return self.exit
         if self.paused:
             with contextlib.suppress(OSError):
                 self.pause(False)
+        cpu0, t0 = self.usage()["cpu_s"], time.perf_counter()
         if self.proc.poll() is None:
             try:
                 self.send({"shutdown": True})
@@ -251,13 +272,18 @@ class LineProcess:
                 pass
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace_s)
+        exit_s = time.perf_counter() - t0
+        exit_cpu = self.usage()["cpu_s"] - cpu0 if self.launch.cgroup is not None else None
         # Whatever the system left behind (threads, children) goes with its process group and cgroup.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self._reader.join(timeout=5)
+        self._copier.join(timeout=5)
         self._log.close()
         self.launch.cleanup()
+        self.exit = {"exit_s": exit_s, "exit_cpu_s": exit_cpu, "cpu_total_s": self._cpu_s}
+        return self.exit
 
 
 class JsonLinesSystem:
@@ -271,8 +297,8 @@ class JsonLinesSystem:
         deadline = time.perf_counter() + timeout_s
         while True:
             t, obj = self.p.next_event(deadline, "loading")
-            if obj.get("ready") is True:
-                self.ready = obj | {"_ready_s": t - self.p.t_start}  # on the controller's clock
+            if obj.get("ready") is True:  # on the controller's clock, and its CPU until then
+                self.ready = obj | {"_ready_s": t - self.p.t_start, "_ready_cpu_s": self.p.usage()["cpu_s"]}
                 return self.ready
 
     def run(self, request: Request | Group, timeout_s: float) -> RequestResult:
@@ -344,8 +370,8 @@ class JsonLinesSystem:
                         f"asked for exactly {reqs[rid].max_new_tokens}", self.p.log_tail())  # fmt: skip
                 done.add(rid)
 
-    def stop(self) -> None:
-        self.p.stop()
+    def stop(self) -> dict:
+        return self.p.stop()
 
     def usage(self) -> dict:
         return self.p.usage()

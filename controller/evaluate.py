@@ -219,7 +219,11 @@ def compare(
     except CandidateRefused as e:
         return _store(db, dep, None, baseline.tree, tree_of(repo, candidate_rev), False, False, 0.0, 0.0,
                       float(noise["sigma"]), 0.0, [f"refused: {e}"], {"refused": True})  # fmt: skip
-    reqs, draw = draw_requests(dep, home)
+    speeds = records.get_state(db, dep.name, "speeds") or {}
+    record = speeds.get(f"{baseline.tree}:{dep.design}")
+    reqs, draw = draw_requests(
+        dep, home, anchors=frozenset(record) if isinstance(record, dict) else frozenset()
+    )
     c = dep.controller
     sd = float(noise["pooled_sd"])
     state: dict[str, Any] = {}
@@ -263,11 +267,7 @@ def compare(
     quiet = quiet_blocks(run)
     changed = run.changes_output()
     fatal = [f"integrity: {v}" for v in run.violations + checks.violations(run)]
-    speeds = records.get_state(db, dep.name, "speeds") or {}
-    fatal += [
-        f"integrity: {v}"
-        for v in checks.baseline_slowed(run, speeds.get(f"{baseline.tree}:{run.design}"), draw["sources"])
-    ]
+    fatal += [f"integrity: {v}" for v in checks.baseline_slowed(run, record, draw["sources"])]
     set_aside = len(run.blocks) - len(quiet)
     if set_aside > max(1, MAX_DISTURBED * len(run.blocks)) or (set_aside and len(quiet) < MIN_LOOK):
         fatal.append(f"measurement disturbed in {set_aside} of {len(run.blocks)} blocks "
@@ -288,15 +288,21 @@ def compare(
     if audit_output and (verdict.approved or changed):  # approved on speed, or its output differs: score it
         progress("token-forcing audit")
         audited, outputs = flatten(reqs, run.outputs["B"])  # a batch deployment's groups, request by request
+        base_outputs = flatten(reqs, run.outputs["A"])[1]
         top = None
-        if verdict.approved:
-            try:
-                audited, outputs, top = top_up(
-                    dep, home, candidate, audited, draw, outputs, home.runs / run_id
-                )
-            except SystemFailed as e:
-                fatal.append(f"audit: the candidate failed on the audit's added requests: {e}")
-        result = audit_outputs(dep, home, db, audited, outputs, flatten(reqs, run.outputs["A"])[1])
+        try:  # enough positions for any output-changing candidate, not only for an approval
+            got = top_up(dep, home, baseline, candidate, audited, draw, outputs, base_outputs,
+                         home.runs / f"{run_id}-audit.jsonl")  # fmt: skip
+            audited, outputs, base_outputs, top = (
+                got["reqs"],
+                got["outputs"],
+                got["base_outputs"],
+                got["draw"],
+            )
+            fatal += [f"integrity (audit's added requests): {v}" for v in got["violations"]]
+        except SystemFailed as e:
+            fatal.append(f"audit: a system failed on the audit's added requests: {e}")
+        result = audit_outputs(dep, home, db, audited, outputs, base_outputs)
         audit_summary = audit_json(result, contexts(dep, home, result, outputs)) | {"top_up": top}
         if result.reasons or fatal:
             verdict, res = _look(run, quiet, k_max, sd, c, True, fatal + result.reasons, prev)

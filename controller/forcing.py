@@ -3,10 +3,15 @@
 The scorer — the stock target with an FP32 LM head — is run teacher-forced over prompt + a system's
 output. A position is a mismatch when the system's token differs from the scorer's argmax; its
 margin is log p(argmax) − log p(system token) ≥ 0. Phase 0 sets the near-tie threshold δ from the
-margins where stock first diverges from AR. A candidate is rejected when its mismatch rate exceeds
-stock's by more than 0.5 percentage points, or when its large mismatches (margin ≥ 2δ) are
-significantly more frequent than stock's: a one-sided Fisher exact test on the 2×2 table
-(large events, other positions) × (candidate, stock), p < 0.05.
+margins where stock first diverges from AR. A candidate is rejected
+- when it has more mismatches than stock's own rate allows on as many positions: a one-sided
+  binomial test at stock's measured rate (raised by its standard error, as the rate is itself
+  measured), α = 0.05. The tolerance scales with stock's rate and the positions scored: where
+  stock reproduces the scorer exactly (every CPU deployment) it allows none. Exact ties (margin
+  under `TIE` nats, where a change in summation order may pick either token) are not counted;
+- or when its large mismatches (margin ≥ 2δ) are significantly more frequent than stock's: a
+  one-sided Fisher exact test on the 2×2 table (large events, other positions) × (candidate,
+  stock), p < 0.05.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import numpy as np
 from scipy import stats
 
 DELTA_STEP = 1 / 8
-MAX_RATE_EXCESS = 0.005  # 0.5 percentage points
+RATE_ALPHA = 0.05
+TIE = 1e-3  # nats: a mismatch this close to the argmax is a tie in floating point, not a departure
 LARGE_EVENT_ALPHA = 0.05
 
 
@@ -82,10 +88,19 @@ class AuditResult:
 
 
 def _counts(outputs: Sequence[ScoredOutput], threshold: float) -> tuple[int, int, int]:
+    """(positions, mismatches that are not exact ties, large mismatches)."""
     positions = sum(len(o.tokens) for o in outputs)
-    mism = sum(len(o.mismatches()) for o in outputs)
+    mism = sum(1 for o in outputs for i in o.mismatches() if o.margins[i] >= TIE)
     large = sum(1 for o in outputs for m in o.margins if m >= threshold)
     return positions, mism, large
+
+
+def allowed_mismatches(positions: int, stock_mismatches: int, stock_positions: int) -> int:
+    """The most mismatches `positions` may hold at stock's rate: the largest count a one-sided
+    binomial test at stock's rate plus its standard error does not reject (0 where stock's is 0)."""
+    p = stock_mismatches / stock_positions if stock_positions else 0.0
+    p_hi = min(1.0, p + math.sqrt(p * (1 - p) / stock_positions)) if stock_positions else 0.0
+    return int(stats.binom.isf(RATE_ALPHA, positions, p_hi)) if p_hi > 0 and positions else 0
 
 
 def audit(
@@ -117,10 +132,11 @@ def audit(
     table = np.array([[large, pos - large], [s_large, s_pos - s_large]])
     p_large = float(stats.fisher_exact(table, alternative="greater").pvalue) if pos and s_pos else 1.0
     reasons = []
-    if rate > s_rate + MAX_RATE_EXCESS:
+    allowed = allowed_mismatches(pos, s_mism, s_pos)
+    if mism > allowed:
         reasons.append(
-            f"audit: mismatch rate {rate:.2%} ({mism}/{pos}) exceeds stock's {s_rate:.2%} "
-            f"({s_mism}/{s_pos}) by more than 0.5 points"
+            f"audit: {mism} mismatches in {pos} positions ({rate:.2%}) where stock's rate, {s_rate:.2%} "
+            f"({s_mism}/{s_pos}), allows at most {allowed} (one-sided binomial, α = {RATE_ALPHA})"
         )
     if p_large < LARGE_EVENT_ALPHA:
         reasons.append(

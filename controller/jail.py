@@ -43,8 +43,10 @@ MNT_DETACH, AT_RECURSIVE, MOUNT_ATTR_RDONLY, MS_MOVE = 2, 0x8000, 1, 8192
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_DUMPABLE = 1, 38, 24, 28, 4
 KEYCTL_JOIN_SESSION_KEYRING = 1
 SECURE_ALL = 0x2F  # NOROOT, NOROOT_LOCKED, NO_SETUID_FIXUP_LOCKED, KEEP_CAPS_LOCKED
-SYS = {"x86_64": {"pivot_root": 155, "capset": 126, "keyctl": 250, "add_key": 248, "request_key": 249},
-       "aarch64": {"pivot_root": 41, "capset": 91, "keyctl": 219, "add_key": 217, "request_key": 218}}
+SYS = {
+    "x86_64": {"pivot_root": 155, "capset": 126, "keyctl": 250, "add_key": 248, "request_key": 249},
+    "aarch64": {"pivot_root": 41, "capset": 91, "keyctl": 219, "add_key": 217, "request_key": 218},
+}
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # Kernel keys are one store for the whole machine, found by serial from any namespace: a system
 # gets none (ENOSYS, as on a kernel built without them).

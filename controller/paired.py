@@ -204,7 +204,13 @@ def run_period(
         ready = {label: system.wait_ready() for label, system in systems.items()}
         results: dict[str, dict[str, RequestResult]] = {label: {} for label in systems}
         turns = [_serve_turn(systems, slots, turn, results, slicer) for turn in schedule]
-        usage = {label: s.usage() | {"ready_s": ready[label].get("_ready_s")} for label, s in systems.items()}
+        usage = {}
+        for label, s in systems.items():  # one at a time: the others stay frozen while one exits
+            u = s.usage() | {
+                "ready_s": ready[label].get("_ready_s"),
+                "ready_cpu_s": ready[label].get("_ready_cpu_s"),
+            }
+            usage[label] = u | (s.stop() or {})
         return PeriodResult(results, dict(slots), usage, turns)
     finally:
         for system in systems.values():

@@ -1,4 +1,5 @@
-"""Starting a refspec system: `python -s -m refspec.serve` from its export, confined (confine.py).
+"""Starting a refspec system: its serve module from its export, confined (confine.py), run from
+the module's verified bytes (serve_boot.py).
 
 The same command line, paths and environment in every run the controller makes (Phase 0,
 compare, noise, audit, an agent's quick measure), so nothing a system can see tells one from
@@ -22,6 +23,7 @@ from specpilot.deployments.stock import import_refspec
 
 from .confine import CACHE, SYSTEM, confine, hand_to, take_back
 from .engine import JsonLinesSystem, LineProcess
+from .serve_boot import boot_command
 from .slots import Slot
 
 PREPARED = ".prepared"  # marker the controller writes into a compile cache once its prepare run passed
@@ -39,21 +41,35 @@ def weights_folder(dep: Deployment, home: Home) -> Path:
         raise SpecPilotError(f"deployment {dep.name!r}: the target's weights: {e}") from None
 
 
+# What a decoy takes from the real folder besides its shapes: configuration and tokenizer files by
+# name, none large. Anything else — a weight file of any format, under any name — stays out.
+DECOY_KEEPS = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model",
+               "chat_template.jinja", "chat_template.json"}  # fmt: skip
+DECOY_MAX_FILE = 32 << 20
+DECOY_VERSION = "2"  # a decoy made by an earlier rule is made again
+
+
 def decoy_folder(real: Path, home: Home) -> Path:
-    """Random weights with the real folder's names, shapes, dtypes, config and tokenizer (made once)."""
+    """Random weights with the real folder's tensor names, shapes and dtypes, and its config and
+    tokenizer files (`DECOY_KEEPS`); made once. Nothing else of the real folder is in it."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     out = home.cache / "decoys" / real.name
-    if (out / "model.safetensors").is_file():
+    if (out / "DECOY").is_file() and (out / "DECOY").read_text() == DECOY_VERSION:
         return out
+    shards = sorted(real.glob("*.safetensors"))
+    if not shards:
+        raise SpecPilotError(f"{real}: no .safetensors weights, so no decoy of their shapes can be made for the "
+                             "untimed prepare run; convert the model folder to safetensors")  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".decoy-"))
     try:
         gen = torch.Generator().manual_seed(0)
         tensors = {}
-        for f in sorted(real.glob("*.safetensors")):
+        for f in shards:
             with safe_open(str(f), "pt") as st:
                 for name in st.keys():  # noqa: SIM118 — safe_open has no __iter__
                     t = st.get_slice(name)
@@ -62,8 +78,15 @@ def decoy_folder(real: Path, home: Home) -> Path:
                     tensors[name] = (torch.randn(shape, generator=gen) * 0.02).to(dtype)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"decoy": "random values"})
         for f in real.iterdir():
-            if f.is_file() and f.suffix != ".safetensors":
+            if (
+                f.name in DECOY_KEEPS
+                and f.is_file()
+                and not f.is_symlink()
+                and f.stat().st_size <= DECOY_MAX_FILE
+            ):
                 shutil.copy2(f, tmp / f.name)
+        (tmp / "DECOY").write_text(DECOY_VERSION)
+        shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -76,7 +99,7 @@ def compile_cache(home: Home, tree: str, slot: Slot) -> Path:
 
 @dataclass(frozen=True)
 class RefspecAdapter:
-    """`python -s -m refspec.serve` from a system's export, confined, the tree alone on PYTHONPATH."""
+    """A system's serve module (serve_boot.py) from its export, confined, the tree alone on the path."""
 
     dep: Deployment
     home: Home
@@ -92,7 +115,7 @@ class RefspecAdapter:
         )
         cc = compile_cache(self.home, tree, slot)
         cc.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-s", "-m", "refspec.serve", "--device", slot.device_arg(), "--model", model,
+        cmd = boot_command(sys.executable, path, SYSTEM) + ["--device", slot.device_arg(), "--model", model,
                "--cache", CACHE] + (["--batch"] if self.dep.serving.shape == "batch" else [])  # fmt: skip
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONPATH": SYSTEM,

@@ -142,7 +142,9 @@ def test_no_kernel_object_passes_state_between_runs(tmp_path: Path):
         told = json.loads(writer.stdout.readline() or "{}")
         assert told, f"the writer did not report: {writer.stderr.read() if writer.poll() is not None else ''}"
         # Kernel keys are one store for the machine (found by serial from anywhere): a system has none.
-        assert all(told["key_" + k] == "Function not implemented" for k in ("user", "session", "persistent")), told
+        assert all(
+            told["key_" + k] == "Function not implemented" for k in ("user", "session", "persistent")
+        ), told
         # What the kernel keeps per namespace the writer may use: it is its own.
         assert told["shm"] >= 0 and told["msg"] >= 0 and told["sem"] >= 0 and told["mq"] >= 0, told
         assert told["file /tmp"] == told["file /dev/shm"] == told["file /scratch/home"] == "ok", told

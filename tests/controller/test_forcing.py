@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from scipy import stats as sps
 
-from specpilot.controller.forcing import ScoredOutput, audit, calibrate_delta
+from specpilot.controller.forcing import ScoredOutput, allowed_mismatches, audit, calibrate_delta
 
 
 def test_delta_rounds_up_to_eighths():
@@ -33,8 +33,28 @@ def test_rate_excess_rejects():
     stock = [_out("a", 1000, {})]
     cand = [_out("a", 1000, {i: 0.05 for i in range(0, 1000, 150)})]  # 7 small mismatches: 0.7%
     res = audit(cand, stock, delta=0.125)
-    assert not res.passed and "exceeds stock's 0.00%" in res.reasons[0]
+    assert not res.passed and "allows at most 0" in res.reasons[0]
     assert res.events == []  # all below 2δ
+
+
+def test_where_stock_is_exact_one_departure_rejects_but_a_tie_does_not():
+    """The issue's defect: 2 of 448 positions against stock's 0 of 512 — the old 0.5-point
+    allowance passed it. Stock's rate is 0, so the tolerance is 0; an exact tie is no departure."""
+    stock = [_out("s", 512, {})]
+    assert not audit([_out("c", 448, {7: 0.4, 300: 0.02})], stock, delta=0.125).passed
+    assert not audit([_out("c", 448, {7: 0.02})], stock, delta=0.125).passed
+    assert audit([_out("c", 448, {7: 1e-5})], stock, delta=0.125).passed
+
+
+def test_the_tolerance_scales_with_stock_rate_and_the_positions():
+    """At stock's rate the candidate passes; its tolerance is a binomial bound on as many positions."""
+    stock = [_out("s", 1000, {i: 0.01 for i in range(0, 1000, 100)})]  # 1.0%
+    at_rate = [_out("c", 4000, {i: 0.01 for i in range(0, 4000, 100)})]  # 40 of 4000: stock's rate
+    assert allowed_mismatches(4000, 10, 1000) > 40 and audit(at_rate, stock, delta=0.125).passed
+    twice = [_out("c", 4000, {i: 0.01 for i in range(0, 4000, 50)})]  # 80 of 4000
+    assert not audit(twice, stock, delta=0.125).passed
+    assert allowed_mismatches(100, 10, 1000) < allowed_mismatches(4000, 10, 1000)
+    assert allowed_mismatches(4000, 0, 1000) == 0
 
 
 def test_large_events_use_a_one_sided_fisher_test_and_are_explained_against_stock():

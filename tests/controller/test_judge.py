@@ -173,6 +173,29 @@ def test_fake_timing_fields_gain_nothing(judged):
     )  # stored, never used
 
 
+LATE = """import atexit, os, sys, time
+sys.stderr.write("stderr is " + os.readlink("/proc/self/fd/2") + "\\n")
+def _late():
+    t = time.process_time()
+    while time.process_time() - t < 4:
+        pass
+atexit.register(_late)
+class Engine:"""
+
+
+def test_work_while_not_timed_is_a_violation(judged):
+    """A candidate computing in its exit window (after its last timed request, in the shutdown
+    grace: work that could only serve a timed copy of it elsewhere) is named, not approved; and
+    its stderr is a pipe, so no log name tells it which kind of run it is in."""
+    home, dep, ws, _ = judged
+    late = _candidate(ws, "late", lambda t: _replace(t / GENERATE, "class Engine:", LATE))
+    ev = controller.compare(dep, home, "system", late, blocks=2)
+    assert not ev.approved
+    assert any("outside its turns" in r and "work while not timed" in r for r in ev.reasons), ev.reasons
+    logs = list(Path(ev.evidence["raw"]).with_suffix("").glob("b*-B-*.log"))
+    assert logs and all("stderr is pipe:[" in log.read_text() for log in logs)
+
+
 def test_planted_defect_is_rejected_by_the_audit(judged):
     """fixtures/planted_defect.patch: a small bias added to some logits before the verify argmax,
     on a candidate that is also faster (against a sleep-slowed baseline), so only the audit stops it.
@@ -187,7 +210,7 @@ def test_planted_defect_is_rejected_by_the_audit(judged):
     ev = controller.compare(dep, home, _sleepy(ws, "sleepy-base-2", "stock"), defect)
     assert not ev.approved
     audit = ev.evidence["audit"]
-    assert not audit["passed"] and audit["rate"] > audit["stock_rate"] + 0.005
+    assert not audit["passed"] and audit["mismatches"] > 0 == audit["stock_mismatches"]
     assert any(r.startswith("audit:") for r in ev.reasons)
     # Scored over the top-up too: the timed requests may all come out unchanged (then
     # ev.changes_output is False and only the added requests show the defect).
