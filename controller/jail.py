@@ -244,9 +244,9 @@ def drop_privileges(spec: dict, userns: bool) -> None:
         _check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")  # to write its own /proc/self/*_map
     own_user_namespace()
     # A session keyring of its own: the one inherited from the controller is shared by every run.
-    if libc.syscall(SYS[platform.machine()]["keyctl"], KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
-        if ctypes.get_errno() != errno.ENOSYS:  # a kernel without keys has no keyring to share
-            raise SetupError(f"join a fresh session keyring: {os.strerror(ctypes.get_errno())}")
+    joined = libc.syscall(SYS[platform.machine()]["keyctl"], KEYCTL_JOIN_SESSION_KEYRING, None)
+    if joined < 0 and ctypes.get_errno() != errno.ENOSYS:  # a kernel without keys has none to share
+        raise SetupError(f"join a fresh session keyring: {os.strerror(ctypes.get_errno())}")
     deny_syscalls(NO_SYSCALLS)
     # Root of that namespace: keep uid 0 inside it, but with no capability and no way back.
     _check(libc.prctl(PR_SET_SECUREBITS, SECURE_ALL, 0, 0, 0), "securebits")
