@@ -55,21 +55,8 @@ PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (Linux >= 5.12)
 SETUP_FAILED = 121
 # Top-level folders the new root does not take from the machine: fresh mounts or private tmpfs.
-FRESH = {
-    "proc",
-    "sys",
-    "dev",
-    "tmp",
-    "run",
-    "mnt",
-    "media",
-    "lost+found",
-    "var",
-    "boot",
-    "system",
-    "cache",
-    "scratch",
-}  # the last three are the neutral places a system finds its files
+FRESH = {"proc", "sys", "dev", "tmp", "run", "mnt", "media", "lost+found", "var", "boot",
+         "system", "cache", "scratch"}  # fmt: skip  # the last three: where a system finds its files
 PRIVATE = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/scratch")  # HOME is /scratch/home
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -258,11 +245,8 @@ def drop_privileges(spec: dict, userns: bool) -> None:
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
     class Data(ctypes.Structure):
-        _fields_ = [
-            ("effective", ctypes.c_uint32),
-            ("permitted", ctypes.c_uint32),
-            ("inheritable", ctypes.c_uint32),
-        ]
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]  # fmt: skip
 
     data = (Data * 2)()
     _check(
