@@ -258,6 +258,49 @@ def candidates(home: Path) -> dict[str, tuple[str, Callable[[Path], None]]]:
     }
 
 
+def judge(chosen: dict, home: Path, deployment: str, json_path: Path | None, note=None) -> list[dict]:
+    """Commit each candidate (name -> (what, edit[, baseline edit])) and judge it against stock
+    (or stock + its baseline edit); print and store a row per candidate. `note(name, verdict)`
+    may add a column."""
+    from specpilot import controller
+    from specpilot.deployments import Home, load_deployment
+    from specpilot.memory_store import connect, records
+    from specpilot.memory_store.workspace import Workspace
+
+    home_ = Home(home)
+    dep = load_deployment(deployment, home_)
+    ws, _ = Workspace.init(home_, dep)
+    if records.get_state(connect(home_), dep.name, "phase0") is None:
+        controller.run_phase0(dep, home_)
+    rows = []
+    for name, (what, edit, *base) in chosen.items():
+        baseline = "stock"
+        if base and base[0] is not None:
+            ws.remove_worktree(f"hostile-base-{name}")
+            wt = ws.add_worktree(f"hostile-base-{name}", "stock")
+            base[0](wt)
+            ws.commit_worktree(wt, f"hostile baseline: {name}")
+            baseline = f"cand/hostile-base-{name}"
+        ws.remove_worktree(f"hostile-{name}")
+        wt = ws.add_worktree(f"hostile-{name}", "stock")
+        edit(wt)
+        ws.commit_worktree(wt, f"hostile: {name}")
+        t = time.monotonic()
+        ev = controller.compare(dep, home_, baseline, f"cand/hostile-{name}")
+        rows.append({"candidate": name, "tries": what, "baseline": baseline, "approved": ev.approved, "gain": ev.gain,
+                     "lower_bound": ev.lower_bound, "changes_output": ev.changes_output, "reasons": ev.reasons,
+                     "blocks": ev.evidence.get("n"), "seconds": time.monotonic() - t, "verdict": ev.id,
+                     "audit": {k: (ev.evidence.get("audit") or {}).get(k)
+                               for k in ("mismatches", "positions", "stock_mismatches", "stock_positions")}})  # fmt: skip
+        if note is not None:
+            rows[-1] |= note(name, ev)
+        print(f"{name:28s} {'APPROVED' if ev.approved else 'rejected'} gain {ev.gain:.3f} "
+              f"({rows[-1]['seconds']:.0f}s): {'; '.join(ev.reasons)[:300]}", flush=True)  # fmt: skip
+        if json_path:
+            json_path.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--home", type=Path, required=True)
@@ -265,34 +308,10 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    from specpilot import controller
-    from specpilot.deployments import Home, load_deployment
-    from specpilot.memory_store import connect, records
-    from specpilot.memory_store.workspace import Workspace
-
-    home = Home(args.home)
-    dep = load_deployment(args.deployment, home)
-    ws, _ = Workspace.init(home, dep)
-    if records.get_state(connect(home), dep.name, "phase0") is None:
-        controller.run_phase0(dep, home)
-    rows = []
-    chosen = candidates(home.root)
+    chosen = candidates(args.home)
     if args.only:
         chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
-    for name, (what, edit) in chosen.items():
-        ws.remove_worktree(f"hostile-{name}")
-        wt = ws.add_worktree(f"hostile-{name}", "stock")
-        edit(wt)
-        ws.commit_worktree(wt, f"hostile: {name}")
-        t = time.monotonic()
-        ev = controller.compare(dep, home, "stock", f"cand/hostile-{name}")
-        rows.append({"candidate": name, "tries": what, "approved": ev.approved, "gain": ev.gain,
-                     "lower_bound": ev.lower_bound, "changes_output": ev.changes_output, "reasons": ev.reasons,
-                     "blocks": ev.evidence.get("n"), "seconds": time.monotonic() - t, "verdict": ev.id})  # fmt: skip
-        print(f"{name:28s} {'APPROVED' if ev.approved else 'rejected'} gain {ev.gain:.3f} "
-              f"({rows[-1]['seconds']:.0f}s): {'; '.join(ev.reasons)[:300]}", flush=True)  # fmt: skip
-        if args.json:
-            args.json.write_text(json.dumps(rows, indent=1))
+    judge(chosen, args.home, args.deployment, args.json)
 
 
 if __name__ == "__main__":
