@@ -7,8 +7,9 @@ What is checked, on random weights of a small shape and of SmolLM2-135M's: every
 fp32 model's where fp32's top two logits are not near-tied; a chain pass gives each row the same
 bits as the one-row AR pass at that prefix (the kernels tile 16 rows whatever the bucket), so stock
 spec decoding is AR token for token; a tree mask gives each node its root path's result; K/V moves;
-graph replay equals eager launches; a prompt longer than a prefill chunk; a request too long for
-the cache is one clear error.
+graph replay (the persistent pass, cuda_persist.py) equals the per-phase kernels launched eagerly;
+a copy with its own `layers` runs on them; a prompt longer than a prefill chunk; a request too long
+for the cache is one clear error.
 """
 
 from __future__ import annotations
@@ -162,6 +163,28 @@ def test_graph_replay_equals_eager_launches_and_capture_keeps_the_cache(pair):
     finally:
         cm.eager = False
     assert graphed == eager
+
+
+@pytest.mark.skipif(INTERPRET, reason="CUDA graphs need CUDA")
+def test_a_copy_with_its_own_layers_gets_its_own_stacks(pair):
+    """A mechanism's shallow copy with `layers` swapped (as tlv's Q pass does) runs the persistent
+    pass on its own weights: stacked once from its layers, its own graphs, the shared cache."""
+    import copy
+
+    cm, _ = pair
+    seq = prompt_of(cm.args, 40, seed=6)
+    cm.prefill(seq[:30], 0)
+    want = cm.verify(seq[30:34], list(range(30, 34)), 30, None)
+    q = copy.copy(cm)
+    q.layers = [tuple(t.clone() for t in layer) for layer in cm.layers]
+    q.graphs = {}
+    assert q.verify(seq[30:34], list(range(30, 34)), 30, None) == want
+    assert q.stacked()[1].data_ptr() != cm.stacked()[1].data_ptr()
+    x = cm.x[:4].clone()  # the residual stream after the last layer (x is shared with the copy)
+    q.layers = [(a, b, c, d, e, -f) for a, b, c, d, e, f in q.layers]  # another model: other states
+    q.graphs = {}
+    q.verify(seq[30:34], list(range(30, 34)), 30, None)
+    assert not torch.equal(q.x[:4], x)
 
 
 def test_engine_spec_equals_ar_on_the_cuda_path(pair):

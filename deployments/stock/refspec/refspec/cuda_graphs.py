@@ -1,4 +1,4 @@
-"""refspec on CUDA: the fused kernels of cuda_kernels.py captured as one CUDA graph per row bucket.
+"""refspec on CUDA: one persistent pass (cuda_persist.py) captured as one CUDA graph per row bucket.
 
 `CudaModel` holds the weights in the kernels' layout (bf16, HF's rotate-half Q/K rows), the static
 KV cache `[layers, kv_heads, slots, head_dim]` (K and V apart) and static input buffers. A pass of
@@ -6,7 +6,10 @@ R rows runs in the graph of the bucket ceil(R / 16) · 16, the rows past R being
 only itself. Every kernel computes a row in 16-row tiles, so a row's logits are the same bits
 whatever the bucket: a verified chain row equals the AR step at the same prefix, as on an exact
 pass. The host copies one packed int32 buffer in (tokens, positions, start, mask rows), replays the
-graph and copies the argmax out; nothing else crosses per step.
+graph and copies the argmax out; nothing else crosses per step. The graph holds the copies too:
+[input copy, zero the barrier counter, the persistent kernel, output copy], one replay per step.
+With `eager` (profiling, the interpreter, the tests' reference) the pass is the per-phase kernels
+of cuda_kernels.py launched one by one: the same tile functions, so the same bits.
 """
 
 from __future__ import annotations
@@ -16,23 +19,30 @@ import math
 import numpy as np
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from . import cuda_kernels as K
+from . import cuda_persist
 from .errors import RefspecError
 from .model import PREFILL_CHUNK, ModelArgs
 
 BM = 16  # rows per tile in every kernel (and the bucket step)
 ROWS = PREFILL_CHUNK  # the most rows of a pass: a prefill chunk, or a verification pass's bucket
-# Tile shapes and launch settings: fixed, so a shape always runs the same reduction order. Picked
-# by a whole-pass sweep on an H200 (bench/refspec_kernels.py --pass-sweep; wide K tiles, 3-4 stages:
-# each program keeps more weight bytes in flight): a one-row pass of SmolLM2-135M in the engine went
-# from 1.34 to 1.05 ms (bench/results/refspec_cuda_smollm_h200_2026-12-01_tiles.json).
-QKV = {"BH": 16, "BK": 256, "num_warps": 4, "num_stages": 4}
-ATTN = {"BN": 128, "num_warps": 2, "num_stages": 3}
-LIN_O = {"BN": 16, "BK": 128, "num_warps": 4, "num_stages": 3}
-LIN_DOWN = {"BN": 16, "BK": 256, "num_warps": 4, "num_stages": 3}
-GATE_UP = {"BN": 32, "BK": 256, "num_warps": 4, "num_stages": 3}
+# Tile shapes and launch settings: fixed, so a shape always runs the same reduction order (the
+# per-phase kernels and the persistent pass share them, hence the same bits). Picked by timing the
+# persistent pass's variants on an H200 (bench/refspec_floor.py --sweep, issue 40): K tiles of 64-128,
+# split-KV attention over 64-slot splits, 4 pipeline stages.
+QKV = {"BH": 16, "BK": 64, "num_warps": 4, "num_stages": 4}
+# SPL: slots per split of split-KV attention (0: one program per head walks every slot).
+ATTN = {"BN": 64, "SPL": 64, "num_warps": 4, "num_stages": 3}  # 4 warps: the persistent pass's
+LIN_O = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 3}
+LIN_DOWN = {"BN": 16, "BK": 128, "num_warps": 4, "num_stages": 3}
+GATE_UP = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 3}
 HEAD = {"BN": 128, "BK": 64, "num_warps": 4, "num_stages": 2}
+# The persistent pass: the same tiles, one launch of 4 warps per SM.
+PERSIST = {"QBH": QKV["BH"], "QBK": QKV["BK"], "ABN": ATTN["BN"], "OBN": LIN_O["BN"], "OBK": LIN_O["BK"],
+           "GBN": GATE_UP["BN"], "GBK": GATE_UP["BK"], "DBN": LIN_DOWN["BN"], "DBK": LIN_DOWN["BK"],
+           "HBN": HEAD["BN"], "HBK": HEAD["BK"], "ASPL": ATTN["SPL"], "num_warps": 4, "num_stages": 4}  # fmt: skip
 
 
 def bucket(rows: int) -> int:
@@ -47,6 +57,10 @@ class CudaModel:
     ):
         a = self.args = args
         self.device, self.dtype = device, torch.bfloat16
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+            name = torch.cuda.get_device_name(device)
+            raise RefspecError(f"the CUDA path needs compute capability 8.0 or newer (bf16 tensor cores); "
+                               f"{name} has {torch.cuda.get_device_capability(device)}; run on a CPU slot")  # fmt: skip
         if a.head_dim % 32 or a.hidden % 64 or a.intermediate % GATE_UP["BN"] or a.heads % a.kv_heads:
             raise RefspecError(
                 f"the CUDA kernels need head_dim % 32 == 0, hidden % 64 == 0, intermediate % {GATE_UP['BN']} == 0 "
@@ -62,13 +76,19 @@ class CudaModel:
         self.embed = w("model.embed_tokens.weight")
         self.head = self.embed if (a.tied or "lm_head.weight" not in state) else w("lm_head.weight")
         self.norm = w("model.norm.weight")
-        self.layers = []
+        layers = []
         for i in range(a.layers):
             p = f"model.layers.{i}."
             qkv = torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous()
             gate_up = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()
-            self.layers.append((w(p + "input_layernorm.weight"), qkv, w(p + "self_attn.o_proj.weight"),
-                                w(p + "post_attention_layernorm.weight"), gate_up, w(p + "mlp.down_proj.weight")))  # fmt: skip
+            layers.append((w(p + "input_layernorm.weight"), qkv, w(p + "self_attn.o_proj.weight"),
+                           w(p + "post_attention_layernorm.weight"), gate_up, w(p + "mlp.down_proj.weight")))  # fmt: skip
+        # The persistent pass reads each weight kind as one [layers, ...] tensor; `layers` holds views
+        # of those (a mechanism that swaps `layers` gets its own stacks, see `stacked`).
+        stacks = tuple(torch.stack([layer[j] for layer in layers]) for j in range(6))
+        del layers
+        self.layers = [tuple(s[i] for s in stacks) for i in range(a.layers)]
+        self._stack_cache = (self.layers, self._key(), stacks)
         half = a.head_dim // 2
         inv = 1.0 / (a.rope_theta ** (torch.arange(0, a.head_dim, 2, dtype=torch.float32) / a.head_dim))
         ang = torch.outer(torch.arange(a.max_positions, dtype=torch.float32), inv)
@@ -99,9 +119,37 @@ class CudaModel:
         self.idxs = torch.zeros(rmax, self.tiles, device=device, dtype=torch.int32)
         self.out = torch.zeros(rmax, device=device, dtype=torch.int64)
         self.out_host = torch.zeros(rmax, dtype=torch.int64, pin_memory=pin)
+        self.out_np = self.out_host.numpy()
         self.hid = torch.zeros(rmax, a.hidden, device=device, dtype=torch.bfloat16)  # for a head mechanism
+        self.bar = torch.zeros(1, device=device, dtype=torch.int32)  # the persistent pass's barrier counter
+        # Split-KV attention's scratch: per (head, split of >= 64 slots, row) max, sum and P·V; a counter
+        # per (head, row block).
+        self.maxs = triton.cdiv(self.slots, 64)
+        self.pm = torch.zeros(a.heads * self.maxs * rmax, device=device, dtype=torch.float32)
+        self.pl = torch.zeros_like(self.pm)
+        self.pacc = torch.zeros(a.heads * self.maxs * rmax * a.head_dim, device=device, dtype=torch.float32)
+        self.acnt = torch.zeros(a.heads * rmax // BM, device=device, dtype=torch.int32)
+        self.start_host = 0  # the pass's start, for the per-phase path's split-KV grid
+        self.qk_scale = 1.4426950408889634 / math.sqrt(a.head_dim)
+        cuda = device.type == "cuda"
+        self.nprog = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 1
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
-        self.eager = device.type != "cuda"  # True: launch the kernels one by one (profiling; interpreter)
+        self._masks: dict[tuple[int, int], np.ndarray] = {}  # (rows, bucket) -> a chain's mask rows
+        self.eager = not cuda  # True: launch the per-phase kernels one by one (profiling; interpreter)
+        self.timing: list | None = None  # a list: verify appends (start, end) CUDA events of each pass
+
+    def _key(self) -> tuple[int, ...]:
+        return tuple(t.data_ptr() for layer in self.layers for t in layer)
+
+    def stacked(self) -> tuple[torch.Tensor, ...]:
+        """(ln1, wqkv, wo, ln2, wgu, wd), each [layers, ...]: the storage of `layers`' views, or copies
+        made once for these layers (a shallow copy that swaps `layers` gets its own; the cache holds
+        the layers it was made from, so their addresses cannot be reused by other tensors)."""
+        layers, key, stacks = self._stack_cache
+        if layers is not self.layers or key != self._key():
+            stacks = tuple(torch.stack([layer[j] for layer in self.layers]) for j in range(6))
+            self._stack_cache = (self.layers, self._key(), stacks)
+        return stacks
 
     @property
     def capacity(self) -> int:
@@ -125,9 +173,16 @@ class CudaModel:
             K.norm_qkv_rope[(a.heads + 2 * a.kv_heads, a.head_dim // 2 // QKV["BH"], grid_m)](
                 self.x, ln1, wqkv, self.cos, self.sin, self.posn, self.start, self.q, self.kc[i], self.vc[i],
                 rows, a.rms_eps, self.slots, HQ=a.heads, HK=a.kv_heads, D=a.head_dim, K=a.hidden, BM=BM, **QKV)  # fmt: skip
-            K.attention[(a.heads, grid_m)](
-                self.q, self.kc[i], self.vc[i], self.mask, self.start, self.o, rows, self.rmax, self.slots,
-                1.4426950408889634 / math.sqrt(a.head_dim), HQ=a.heads, GROUP=group, D=a.head_dim, BM=BM, **ATTN)  # fmt: skip
+            if ATTN["SPL"]:
+                K.attention_split[(a.heads, triton.cdiv(self.start_host + rows, ATTN["SPL"]), grid_m)](
+                    self.q, self.kc[i], self.vc[i], self.mask, self.start, self.o, self.pm, self.pl, self.pacc,
+                    self.acnt, rows, self.rmax, self.slots, self.maxs, self.rmax, self.qk_scale, HQ=a.heads,
+                    GROUP=group, D=a.head_dim, BM=BM, **ATTN)  # fmt: skip
+            else:
+                K.attention[(a.heads, grid_m)](
+                    self.q, self.kc[i], self.vc[i], self.mask, self.start, self.o, rows, self.rmax, self.slots,
+                    self.qk_scale, HQ=a.heads, GROUP=group, D=a.head_dim, BM=BM, BN=ATTN["BN"],
+                    num_warps=ATTN["num_warps"], num_stages=ATTN["num_stages"])  # fmt: skip
             K.linear_residual[(a.hidden // LIN_O["BN"], grid_m)](
                 self.o, wo, self.x, rows, N=a.hidden, K=a.heads * a.head_dim, BM=BM, **LIN_O
             )
@@ -140,9 +195,17 @@ class CudaModel:
 
     def _pass(self, rows: int, hidden: bool) -> None:
         """The whole verification pass: layers, then each row's argmax in `out` (or, for a head
-        mechanism, the final-norm hidden states in `hid`)."""
+        mechanism, the final-norm hidden states in `hid`). Persistent unless `eager`."""
         a = self.args
-        self._layers(rows)
+        if not self.eager:
+            self.bar.zero_()
+            try:
+                cuda_persist.launch(self, rows, not hidden, PERSIST)
+            except OutOfResources as e:
+                raise RefspecError(f"the persistent pass does not fit one program per SM ({e}); "
+                                   "lower PERSIST's num_stages in refspec/cuda_graphs.py") from None  # fmt: skip
+        else:
+            self._layers(rows)
         if hidden:  # HF's RMSNorm, op for op
             x = self.x[:rows].float()
             self.hid[:rows] = (
@@ -165,19 +228,30 @@ class CudaModel:
             raise RefspecError(
                 f"a pass of {rows} rows exceeds the CUDA path's {self.rmax} rows; verify fewer nodes"
             )
-        self.mask[:n, :n] = torch.eye(n, dtype=torch.int32, device=self.device)
         # The warm-up launch writes K/V at slots start..: point it at the scratch slots past the
         # capacity, so a capture in the middle of a request leaves the cache as it was.
-        self.start.fill_(self.capacity)
+        host, rmax = self.inp_np, self.rmax
+        host[:] = 0
+        host[2 * rmax] = self.capacity
+        host[2 * rmax + 1 :].reshape(rmax, rmax)[range(n), range(n)] = 1
+        used = 2 * rmax + 1 + n * rmax
+
+        def body() -> None:
+            self.inp[:used].copy_(self.inp_host[:used], non_blocking=True)
+            self._pass(n, hidden)
+            if not hidden:
+                self.out_host[:n].copy_(self.out[:n], non_blocking=True)
+
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         try:
             with torch.cuda.stream(stream):
-                self._pass(n, hidden)
+                body()
+            stream.synchronize()
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
-                self._pass(n, hidden)
+                body()
         except torch.cuda.OutOfMemoryError:
             raise RefspecError(
                 f"out of GPU memory while capturing the {n}-row graph; free the GPU or lower runtime.max_context"
@@ -203,26 +277,40 @@ class CudaModel:
         host[rmax : rmax + r] = positions
         host[rmax + r : rmax + n] = positions[-1]
         host[2 * rmax] = start
+        self.start_host = start
         m = host[2 * rmax + 1 : 2 * rmax + 1 + n * rmax].reshape(n, rmax)
-        m[:] = 0
-        m[:r, :r] = (
-            np.tril(np.ones((r, r), dtype=np.int32)) if mask is None else np.asarray(mask, dtype=np.int32)
-        )
-        m[range(r, n), range(r, n)] = 1  # padding rows see only themselves
-        host = self.inp_host
-        used = 2 * rmax + 1 + n * rmax
-        self.inp[:used].copy_(host[:used], non_blocking=True)
-        if graphs:
+        if mask is None:  # a chain: the causal rows of (r, n), made once
+            if (r, n) not in self._masks:
+                c = np.zeros((n, rmax), dtype=np.int32)
+                c[:r, :r] = np.tril(np.ones((r, r), dtype=np.int32))
+                c[range(r, n), range(r, n)] = 1  # padding rows see only themselves
+                self._masks[(r, n)] = c
+            m[:] = self._masks[(r, n)]
+        else:
+            m[:] = 0
+            m[:r, :r] = np.asarray(mask, dtype=np.int32)
+            m[range(r, n), range(r, n)] = 1  # padding rows see only themselves
+        timing = self.timing is not None and graphs
+        if timing:
+            ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            ev[0].record()
+        if graphs:  # input copy, pass, output copy: one replay
             self.graphs[(n, hidden)].replay()
         else:
+            used = 2 * rmax + 1 + n * rmax
+            self.inp[:used].copy_(self.inp_host[:used], non_blocking=True)
             self._pass(n, hidden)
+        if timing:
+            ev[1].record()
+            self.timing.append(ev)
         if hidden:
             return head.argmax(self.hid[:r])
         if self.device.type != "cuda":
             return self.out[:r].tolist()
-        self.out_host[:r].copy_(self.out[:r], non_blocking=True)
+        if not graphs:
+            self.out_host[:r].copy_(self.out[:r], non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()
-        return self.out_host[:r].tolist()
+        return self.out_np[:r].tolist()
 
     def prefill(self, tokens: list[int], start: int) -> None:
         """Write the K/V of prompt tokens at slots start.. (eager launches, causal, no logits)."""
@@ -234,6 +322,7 @@ class CudaModel:
             self.tokens[:r].copy_(torch.tensor(chunk, dtype=torch.int32))
             self.posn[:r].copy_(torch.arange(at, at + r, dtype=torch.int32))
             self.start.fill_(at)
+            self.start_host = at
             self.mask[:r, :r] = torch.ones(r, r, dtype=torch.int32, device=self.device).tril()
             self._layers(r)
 

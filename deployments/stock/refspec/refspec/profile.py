@@ -61,7 +61,8 @@ def _mean(xs: list[float]) -> float:
 
 # The fused CUDA kernels (cuda_kernels.py) by the class whose bytes dominate them.
 KERNEL_CLASS = {"norm_qkv_rope": "linear", "linear_residual": "linear", "norm_gate_up": "linear",
-                "attention": "attention", "norm_head": "lm_head", "argmax_reduce": "lm_head"}  # fmt: skip
+                "attention": "attention", "attention_split": "attention", "norm_head": "lm_head",
+                "argmax_reduce": "lm_head"}  # fmt: skip
 
 
 def class_times(engine, requests, mode: str) -> tuple[dict[str, float], int]:
@@ -111,6 +112,55 @@ def class_times(engine, requests, mode: str) -> tuple[dict[str, float], int]:
         # Kernel classes run on the GPU; the drafter runs on the host either way.
         totals = {c: device_totals[c] if c != "drafter" and device_totals[c] else totals[c] for c in CLASSES}
     return totals, len(run["walls"])
+
+
+def step_breakdown(
+    engine, prompts: list[list[int]], max_new_tokens: int, mode: str, profiled: int = 16
+) -> dict:
+    """Per decode step of `mode` on the CUDA-graph path (CudaModel): kernels launched (torch.profiler
+    over the first `profiled` steps), device µs (CUDA events around each pass's graph) and host µs
+    (the step's wall time minus its device time: what the GPU waits on the host for). The wall
+    starts after a synchronize and ends when the step returns (the pass synchronized to read its
+    argmax back)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = engine.model
+    walls, devs = [], []
+    model.timing = []
+    try:
+        for p in prompts:
+            engine.start(p, max_new_tokens, drafting=mode == "spec")
+            done = 0
+            while done < max_new_tokens:
+                torch.cuda.synchronize(engine.device)
+                first = len(model.timing)
+                t = time.perf_counter()
+                done += len(engine.decode_step(mode, max_new_tokens - done))
+                walls.append(time.perf_counter() - t)
+                devs.append(model.timing[first:])
+        torch.cuda.synchronize(engine.device)
+        devs = [sum(a.elapsed_time(b) for a, b in evs) / 1e3 for evs in devs]
+    finally:
+        model.timing = None
+    engine.start(prompts[0], max_new_tokens, drafting=mode == "spec")
+    torch.cuda.synchronize(engine.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        steps = 0
+        for _ in range(min(profiled, max_new_tokens - 1)):
+            engine.decode_step(mode, max_new_tokens)
+            steps += 1
+        torch.cuda.synchronize(engine.device)
+    names: dict[str, int] = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CPU:
+            names[e.name] = names.get(e.name, 0) + 1
+    copies = sum(n for k, n in names.items() if k.lower().startswith(("memcpy", "memset")))
+    host = [w - d for w, d in zip(walls, devs, strict=True)]
+    return {"steps": len(walls), "kernels_per_step": (sum(names.values()) - copies) / steps,
+            "copies_per_step": copies / steps, "device_events": names,
+            "wall_us_per_step": 1e6 * _mean(walls), "device_us_per_step": 1e6 * _mean(devs),
+            "host_us_per_step": 1e6 * _mean(host), "host_share": _mean(host) / _mean(walls)}  # fmt: skip
 
 
 def profile_requests(engine, requests, slot: str, config) -> dict:
