@@ -212,6 +212,8 @@ class CudaModel:
                 self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + a.rms_eps)).bfloat16()
             )
             return
+        if not self.eager:  # the persistent pass ended with the head and the argmax
+            return
         K.norm_head[(self.tiles, triton.cdiv(rows, BM))](
             self.x, self.norm, self.head, self.vals, self.idxs, rows, a.rms_eps, a.vocab, self.tiles,
             K=a.hidden, BM=BM, **HEAD)  # fmt: skip

@@ -206,17 +206,20 @@ def attention_split_tile(h, split, mb, q_ptr, kc_ptr, vc_ptr, mask_ptr, start_pt
             m = tl.full([BM], -1.0e30, tl.float32)
             lsum = tl.zeros([BM], tl.float32)
             o = tl.zeros([BM, D], tl.float32)
-            for sp in range(0, nsplit):
-                part = (h * MAXS + sp) * RMAX + rows
-                ms = tl.load(pm_ptr + part, cache_modifier=".cg")
-                ls = tl.load(pl_ptr + part, cache_modifier=".cg")
-                accs = tl.load(pacc_ptr + part[:, None] * D + d[None, :], cache_modifier=".cg")
-                m_new = tl.maximum(m, ms)
-                a = tl.exp2(m - m_new)
-                b = tl.exp2(ms - m_new)
-                lsum = lsum * a + ls * b
-                o = o * a[:, None] + accs * b[:, None]
-                m = m_new
+            for sp0 in range(0, nsplit, 4):  # 4 splits' loads in flight at once; a split past the
+                for u in tl.static_range(4):  # last one is (max -1e30, sum 0, P·V 0): no change, to the bit
+                    live = sp0 + u < nsplit
+                    part = (h * MAXS + sp0 + u) * RMAX + rows
+                    ms = tl.load(pm_ptr + part, mask=live, other=-1.0e30, cache_modifier=".cg")
+                    ls = tl.load(pl_ptr + part, mask=live, other=0.0, cache_modifier=".cg")
+                    accs = tl.load(pacc_ptr + part[:, None] * D + d[None, :], mask=live, other=0.0,
+                                   cache_modifier=".cg")  # fmt: skip
+                    m_new = tl.maximum(m, ms)
+                    a = tl.exp2(m - m_new)
+                    b = tl.exp2(ms - m_new)
+                    lsum = lsum * a + ls * b
+                    o = o * a[:, None] + accs * b[:, None]
+                    m = m_new
             o = o / lsum[:, None]
             tl.store(
                 o_ptr + rows[:, None] * (HQ * D) + h * D + d[None, :], o.to(tl.bfloat16), mask=rmask[:, None]
