@@ -17,6 +17,7 @@ from typing import Any
 from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.memory_store import connect, records
 
+from . import checks
 from .adapters import adapter_for
 from .context import digest, draw_requests, flatten, more_requests, slots_of, workspace
 from .engine import Request, SystemFailed
@@ -83,8 +84,6 @@ def top_up(dep: Deployment, home: Home, baseline, candidate, reqs: list[Request]
     added = [Request(renamed[r.id], r.input_ids, r.max_new_tokens) for r in extra[warm:]]
     more["sources"] = {renamed[k]: v for k, v in more["sources"].items() if k in renamed}
     got = {lb: {renamed[k]: v for k, v in run.outputs.get(lb, {}).items()} for lb in ("A", "B")}
-    from . import checks
-
     return out | {"reqs": reqs + added, "outputs": outputs | got["B"], "base_outputs": base_outputs | got["A"],
                   "draw": more, "violations": run.violations + checks.violations(run)}  # fmt: skip
 
