@@ -154,13 +154,13 @@ def candidates(home: Path) -> dict[str, tuple]:
             _prelude(EXIT_WORK),
         ),
         "small-defect-on-a-gain": (
-            "biases 1 token id in 997 by +0.8 before the verify argmax (a small systematic defect), "
+            "biases 1 token id in 41 by +1.0 before the verify argmax (a small systematic defect), "
             "judged against stock slowed by 12 ms per step so it rides a real gain",
             lambda t: _edit(
                 t / MODEL,
                 LOGITS,
-                LOGITS + "            logits = logits + 0.8 * "
-                "(torch.arange(logits.shape[-1], device=logits.device) % 997 == 3)\n",
+                LOGITS + "            logits = logits + 1.0 * "
+                "(torch.arange(logits.shape[-1], device=logits.device) % 41 == 7)\n",
             ),  # fmt: skip
             lambda t: _edit(t / GEN, STEP, SLOW_STEP + STEP),
         ),
