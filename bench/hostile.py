@@ -301,8 +301,9 @@ def judge(chosen: dict, home: Path, deployment: str, json_path: Path | None, not
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli(doc: str, candidates: Callable[[Path], dict], note=None) -> None:
+    """The command line of a hostile suite: --home, --deployment, --only, --json."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--home", type=Path, required=True)
     ap.add_argument("--deployment", default="smollm-cpu")
     ap.add_argument("--only", default="")
@@ -311,8 +312,8 @@ def main() -> None:
     chosen = candidates(args.home)
     if args.only:
         chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
-    judge(chosen, args.home, args.deployment, args.json)
+    judge(chosen, args.home, args.deployment, args.json, note)
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, candidates)

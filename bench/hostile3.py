@@ -14,11 +14,10 @@ and docs/BENCHMARKS.md ("Hostile candidates").
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from hostile import COMMIT, GEN, SERVE_LOOP, STEP, _edit, _prelude, _unverified, judge
+from hostile import COMMIT, GEN, SERVE_LOOP, STEP, _edit, _prelude, _unverified, cli
 
 MODEL = "refspec/model.py"
 LOGITS = "            logits = self.forward(rows, pos, start, full, start + r)\n"
@@ -194,18 +193,5 @@ def _logs_say(name: str, ev) -> dict:
     return {"logs": seen[:6]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--home", type=Path, required=True)
-    ap.add_argument("--deployment", default="smollm-cpu")
-    ap.add_argument("--only", default="")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
-    chosen = candidates(args.home)
-    if args.only:
-        chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
-    judge(chosen, args.home, args.deployment, args.json, note=_logs_say)
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, candidates, note=_logs_say)

@@ -16,17 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from specpilot.controller.confine import RUN_UIDS, confine
+from specpilot.deployments import Home
+from tests.controller.confinement import needs_confinement
 
-from specpilot.controller.confine import RUN_UIDS, check_available, confine
-from specpilot.deployments import Home, SpecPilotError
-
-try:
-    check_available()
-    CONFINE = None
-except SpecPilotError as e:
-    CONFINE = str(e)
-pytestmark = pytest.mark.skipif(CONFINE is not None, reason=f"cannot confine here: {CONFINE}")
+pytestmark = needs_confinement
 
 PROBE = r"""
 import ctypes, json, os, platform, socket, sys

@@ -16,15 +16,11 @@ from pathlib import Path
 import pytest
 
 from specpilot.controller.cgroups import Cgroup
-from specpilot.controller.confine import FSIZE, RUN_UIDS, _expose, check_available, confine
-from specpilot.deployments import Home, SpecPilotError
+from specpilot.controller.confine import FSIZE, RUN_UIDS, _expose, confine
+from specpilot.deployments import Home
+from tests.controller.confinement import needs_confinement
 
-try:
-    check_available()
-    CONFINE = None
-except SpecPilotError as e:
-    CONFINE = str(e)
-pytestmark = pytest.mark.skipif(CONFINE is not None, reason=f"cannot confine here: {CONFINE}")
+pytestmark = needs_confinement
 
 
 def _cgroups_writable() -> bool:

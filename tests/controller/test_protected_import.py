@@ -11,20 +11,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
-from specpilot.controller.confine import check_available
 from specpilot.controller.refspec_system import RefspecAdapter
 from specpilot.controller.slots import Slot
-from specpilot.deployments import Home, SpecPilotError, load_deployment
+from specpilot.deployments import Home, load_deployment
 from specpilot.deployments.stock import STOCK_ROOT
+from tests.controller.confinement import needs_confinement
 
-try:
-    check_available()
-    CONFINE = None
-except SpecPilotError as e:
-    CONFINE = str(e)
-pytestmark = pytest.mark.skipif(CONFINE is not None, reason=f"cannot confine here: {CONFINE}")
+pytestmark = needs_confinement
 
 HOOK = """
 import importlib.abc, importlib.util, sys
