@@ -26,6 +26,7 @@ from specpilot.memory_store import Workspace, records
 
 from .engine import Group, Request
 from .integrity import check_digest, controller_digest
+from .placement import available_cores, require_pairing
 from .slots import Slot
 from .systems import ENGINE_PROTECTED
 
@@ -42,6 +43,8 @@ def slots_of(dep: Deployment) -> tuple[Slot, ...]:
     slots = tuple(Slot.parse(s) for s in dep.devices.slots[:keep])
     for s in slots:
         s.check_exists()
+    if dep.design == "interleaved" and any(s.kind != "cpu" for s in slots):
+        require_pairing(available_cores())  # before anything runs or is stored
     return slots
 
 

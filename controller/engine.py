@@ -138,14 +138,14 @@ def allowed_cores(pids: list[int]) -> str | None:
 class LineProcess:
     """A confined subprocess speaking JSON lines, its stdout read by a thread that timestamps each line."""
 
-    def __init__(self, launch: Launch, cwd: Path, log: Path, cpu_core: int | None):
+    def __init__(self, launch: Launch, cwd: Path, log: Path, cpus: set[int] | None):
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log_path, self.launch = log, launch
         self._log = open(log, "wb")  # noqa: SIM115 — closed in stop()
         self._log.write(f"$ {' '.join(launch.argv)}\n".encode())
         self._log.flush()
-        self.cpu_core = cpu_core
-        preexec = (lambda: os.sched_setaffinity(0, {cpu_core})) if cpu_core is not None else None
+        self.cpus = cpus
+        preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self.t_start = time.perf_counter()
         # stderr is a pipe the controller copies into the log: a file's name would tell the
         # system which kind of run it is in (an audit's, a timed period's).

@@ -8,8 +8,8 @@ Three designs (`Deployment.design` picks one per deployment):
 - **swapped** (two slots): a block is two periods; in one, A runs on slot 0 and B on slot 1
   concurrently with the same request stream, in the other the slots are swapped, so a slot's own
   speed cancels (d_i of stats.RequestSpeeds). Which arrangement comes first is drawn per block.
-- **interleaved** (one GPU slot): both systems are loaded on it and take turns, one generating while
-  the other is frozen, a request at a time in ABBA order: X serves request 1, then Y, then Y serves
+- **interleaved** (one GPU slot): both systems are loaded on it, their processes on one host core
+  drawn per block (placement.py), and take turns, the other frozen, a request at a time in ABBA order: X serves request 1, then Y, then Y serves
   request 2, then X, and so on (X, Y drawn per block). Each system serves each request once per
   process, so nothing it keeps from one turn helps it in another; a request's two runs are one
   request apart, and a drift in the device's speed cancels pair by pair (d_i of stats.PairSpeeds).
@@ -23,17 +23,19 @@ to be ready, other load on its core or GPU) is kept per turn for the checks in c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .engine import EngineAdapter, Request, RequestResult, SystemFailed
 from .gpu_load import watch_for
 from .load import core_times, foreign_load
+from .placement import available_cores, keep_off, pair_cores
 from .slicer import SLICE_S, Slicer, active
 from .slots import Slot
 from .stats import PairSpeeds, RequestSpeeds
@@ -125,7 +127,7 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
             system.pause(label not in turn)
     runs = None
     try:
-        cores = {lb: slots[lb].index for lb in labels if slots[lb].kind == "cpu"}
+        cores = {lb: min(c) for lb in labels if (c := slots[lb].host_cores())}  # the load check's
         watches = {lb: w for lb in labels if (w := watch_for(slots[lb])) is not None}
         ours = {pid for s in systems.values() for pid in s.pids()}
         for w in watches.values():
@@ -327,13 +329,19 @@ def _interleaved_round(
     """One period on one slot: both loaded, warm-up turns X, Y, then a turn per request in ABBA
     order — X r1, Y r1, Y r2, X r2, X r3, ... (X, Y drawn)."""
     x, y = rng.sample(["A", "B"], 2)
-    progress(f"block {b + 1}: {x} and {y} taking turns on {slots[0]}, a request at a time")
+    slot, keep = slots[0], contextlib.nullcontext()
+    if slot.kind != "cpu":  # a GPU slot: both systems on one host core drawn for the block (placement.py)
+        host, others = pair_cores(available_cores(), rng)
+        slot, keep = replace(slot, host=host), keep_off(others)
+    on = f" (host core {min(slot.host)})" if slot.host else ""
+    progress(f"block {b + 1}: {x} and {y} taking turns on {slot}{on}, a request at a time")
     check_trees()
     schedule: list[Turn] = [{x: warm}, {y: warm}] if warm else []
     for i, req in enumerate(measured):
         first, second = (x, y) if i % 2 == 0 else (y, x)
         schedule += [{first: [req]}, {second: [req]}]
-    return [run_period(adapter, trees, {"A": slots[0], "B": slots[0]}, schedule, logs, f"b{b}")]
+    with keep:
+        return [run_period(adapter, trees, {"A": slot, "B": slot}, schedule, logs, f"b{b}")]
 
 
 def _write_raw(

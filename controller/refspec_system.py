@@ -127,12 +127,11 @@ class RefspecAdapter:
             if var in os.environ:
                 env[var] = os.environ[var]
         binds = [(weights, inside, "ro"), (cc, f"{CACHE}/compile", "rw" if prepare else "ro")]
-        cpus = {slot.index} if slot.kind == "cpu" else None
+        cpus = slot.host_cores()
         launch = confine(cmd, tree=path, binds=binds, home=self.home, env=env, cpus=cpus)
         if prepare:
             hand_to(cc, launch)
-        core = slot.index if slot.kind == "cpu" else None
-        return JsonLinesSystem(LineProcess(launch, cwd=path, log=log, cpu_core=core))
+        return JsonLinesSystem(LineProcess(launch, cwd=path, log=log, cpus=cpus))
 
     def prepare(self, tree: str, path: Path, slot: Slot, log: Path, role: str) -> float | None:
         """One untimed run on decoy weights that fills the tree's compile cache (once per tree and

@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specpilot.deployments import SLOT_RE, Home, SpecPilotError
@@ -21,6 +21,14 @@ from specpilot.deployments import SLOT_RE, Home, SpecPilotError
 class Slot:
     kind: str  # "cpu" or "cuda"
     index: int
+    # A GPU slot's host cores for a block (placement.py): where its systems' processes run. Not part
+    # of the slot's identity: equality, order and the name are kind and index alone.
+    host: frozenset[int] = field(default=frozenset(), compare=False)
+
+    def host_cores(self) -> set[int] | None:
+        """The cores a system on this slot is pinned to: a CPU slot's core, a GPU slot's host cores
+        (None where none are placed)."""
+        return {self.index} if self.kind == "cpu" else (set(self.host) or None)
 
     @classmethod
     def parse(cls, text: str) -> Slot:

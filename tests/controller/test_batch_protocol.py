@@ -97,7 +97,7 @@ def test_a_system_that_breaks_the_group_protocol_fails(tmp_path, how, message):
     script.write_text(BROKEN)
     (tmp_path / "spec").mkdir()
     launch = Launch([sys.executable, str(script), how], tmp_path / "spec" / "spec.json", None)
-    system = JsonLinesSystem(LineProcess(launch, cwd=Path(tmp_path), log=tmp_path / "log", cpu_core=None))
+    system = JsonLinesSystem(LineProcess(launch, cwd=Path(tmp_path), log=tmp_path / "log", cpus=None))
     try:
         system.wait_ready(timeout_s=30)
         group = Group("g", 2, (Request("a", [1, 2], 2), Request("b", [3], 3)))
