@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,41 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # Converted weights and downloaded workload files are reused across tests and runs.
 os.environ.setdefault("SPECPILOT_CACHE", str(REPO / ".specpilot" / "cache"))
+
+
+# The suite runs on pytest-xdist workers (README: `pytest -n 2`). Tests marked `quiet` time real
+# systems on the machine's cores, and the controller's load check rightly refuses a period another
+# process disturbed, so a quiet test runs alone: every test holds the run's lock shared, a quiet one
+# exclusively. A quiet test first takes the turnstile, so the other worker cannot slip test after
+# test in ahead of it (flock grants no order of its own).
+def _lock(name: str):
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process: nothing runs beside a test
+        return None
+    path = Path(tempfile.gettempdir()) / f"specpilot-tests-{run}.{name}"
+    return open(path, "a")  # noqa: SIM115  (held for the whole run)
+
+
+_ROOM, _TURNSTILE = _lock("room"), _lock("turnstile")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Hold the room for the test's setup, call and teardown (module fixtures included)."""
+    if _ROOM is None:
+        yield
+        return
+    quiet = item.get_closest_marker("quiet") is not None
+    fcntl.flock(_TURNSTILE, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(_ROOM, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+    finally:
+        fcntl.flock(_TURNSTILE, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(_ROOM, fcntl.LOCK_UN)
 
 
 @pytest.fixture

@@ -28,7 +28,10 @@ from specpilot.memory_store.workspace import Workspace
 
 from .sglang_fakes import FAKE_PIN, fake_argmax, fake_logprob, make_fake_tree, write_spec
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="paired runs need two CPU cores")
+pytestmark = [
+    pytest.mark.quiet,
+    pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="paired runs need two CPU cores"),
+]
 NAME = "fake-sglang-judge"
 PROMPTS = ["Write a haiku about GPUs.", "What is 17 * 23?", "Name three prime numbers.", "Say hello."]
 

@@ -21,6 +21,8 @@ from specpilot.controller.paired import _serve_turn
 from specpilot.controller.slicer import Slicer, active
 from specpilot.controller.slots import Slot
 
+pytestmark = pytest.mark.quiet  # each process's CPU time against the slicer's turns
+
 
 class Spinner:
     """A busy process pinned to one core, frozen by SIGSTOP to its group."""

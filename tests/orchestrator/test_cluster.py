@@ -3,7 +3,7 @@
 The cluster is a head and two worker nodes, each its own raylet and workers (separate processes on
 this machine), a CPU slot each (`specpilot-slot:cpu:0` on one, `cpu:1` on the other); the round is
 the installed `specpilot round --ray ADDRESS` as a user runs it. One worker node is killed in the
-middle of a paired run: its direction runs again on the other node, and the round ends with one
+middle of a paired run: its direction runs again on the other node once that node is free, and the round ends with one
 stored verdict per direction. Two `specpilot` heads writing the same memory at once lose nothing.
 """
 
@@ -28,6 +28,7 @@ from specpilot.memory_store import connect, records
 PG_URL = os.environ.get("SPECPILOT_TEST_PG_URL")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[dev]')")
 pytestmark = [
+    pytest.mark.quiet,
     pytest.mark.postgres,
     pytest.mark.skipif(not PG_URL, reason="SPECPILOT_TEST_PG_URL is not set (source .ci/postgres.sh)"),
     pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two worker nodes need a CPU core each"),
@@ -93,11 +94,11 @@ def _state(home: Path) -> dict:
     return {} if rec is None else {"status": rec.status, **rec.state}
 
 
-def test_four_directions_across_two_nodes_one_killed_mid_run(cluster):
+def test_two_directions_on_two_nodes_one_killed_mid_run(cluster):
     c, nodes, home = cluster
     env = dict(os.environ)
     head = subprocess.Popen([EXE, "--json", "round", "--deployment", NAME, "--agent", "memory", "--ray", c.address,
-                             "--directions", "4"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                             "--directions", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     db = connect(Home(home))
     # Wait until both nodes are judging a direction at once, then kill one of them outright.
     killed = False
@@ -112,10 +113,10 @@ def test_four_directions_across_two_nodes_one_killed_mid_run(cluster):
     assert head.returncode == 0, err.decode()[-3000:]
     assert killed, "the two nodes never judged at once"
     state = _state(home)
-    assert state["status"] == "done" and len(state["directions"]) == 4
+    assert state["status"] == "done" and len(state["directions"]) == 2
     # One verdict per direction, each stored, none counted twice.
     ids = [e.get("verdict_id") for e in state["evaluations"].values()]
-    assert len(state["evaluations"]) == 4 and all(ids) and len(set(ids)) == 4, state["evaluations"]
+    assert len(state["evaluations"]) == 2 and all(ids) and len(set(ids)) == 2, state["evaluations"]
     for i, e in state["evaluations"].items():
         v = records.get_verdict(db, e["verdict_id"])
         assert v.candidate_tree == state["patches"][i]["tree"] == e["candidate_tree"]

@@ -23,7 +23,10 @@ from specpilot.deployments.registry import SHIPPED
 from specpilot.memory_store import connect, records
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="paired runs need two CPU cores")
+pytestmark = [
+    pytest.mark.quiet,
+    pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="paired runs need two CPU cores"),
+]
 
 NAME = "smollm-round"
 
@@ -31,8 +34,8 @@ NAME = "smollm-round"
 def _spec(home: Path) -> None:
     text = (SHIPPED / "smollm-cpu.toml").read_text()
     text = text.replace('name = "smollm-cpu"', f'name = "{NAME}"')
-    text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 4 }")
-    text = text.replace("max_new_tokens = 64", "max_new_tokens = 32")
+    text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 3 }")
+    text = text.replace("max_new_tokens = 64", "max_new_tokens = 16")
     # the fewest blocks a verdict takes: this test is about the loop, not about power
     text = re.sub(
         r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$",
