@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from specpilot.agents import MemoryMaster, MemorySubAgent
 from specpilot.deployments import Home, SpecPilotError
 
 if TYPE_CHECKING:
+    from specpilot.agents import MemorySubAgent
+
     from .roundview import RoundView
 
 AGENTS = ("memory", "claude")
@@ -41,6 +42,8 @@ def agent_options(name: str, home: Home, **overrides: Any) -> dict[str, Any]:
 def make_agents(name: str, rnd: RoundView):
     """(master, sub-agent) of backend `name` for this round."""
     if name == "memory":
+        from specpilot.agents import MemoryMaster
+
         return MemoryMaster(), memory_subagent(rnd)
     if name == "claude":
         return claude_agents(rnd)
@@ -49,6 +52,8 @@ def make_agents(name: str, rnd: RoundView):
 
 def memory_subagent(rnd: RoundView) -> MemorySubAgent:
     """Applies `entry` / `knob` directions exactly: each entry's delta with its missing requirements."""
+    from specpilot.agents import MemorySubAgent
+
     have = set(rnd.state.baseline.entries)
     deltas = {}
     for e in rnd.memory.entries(rnd.dep.engine):

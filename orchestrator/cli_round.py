@@ -14,7 +14,6 @@ from specpilot.memory_store import connect, records
 from .agents import AGENTS, agent_options, default_agent
 from .output import Ctx, console, emit
 from .reports import round_panel
-from .round import start_or_resume
 
 
 def round_(
@@ -39,6 +38,8 @@ def round_(
     ),
 ) -> None:
     """Run optimization rounds: cost model → directions → patches → paired judgement → sealed system."""
+    from .round import start_or_resume  # the controller, torch and scipy load for the commands that judge
+
     c: Ctx = ctx.obj
     dep = load_deployment(deployment, c.home)
     agent = agent or default_agent()
