@@ -35,9 +35,14 @@ _ROOM, _TURNSTILE = _lock("room"), _lock("turnstile")
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Hold the room for the test's setup, call and teardown (module fixtures included)."""
+    """Hold the room for the test's setup, call and teardown (module fixtures included), and give
+    the process its CPU affinity back after: a test that opens a refspec engine in-process pins
+    it to the slot's core, and every later test of the worker (a controller and its children, a Ray
+    node) would inherit that one core."""
+    cores = os.sched_getaffinity(0)
     if _ROOM is None:
         yield
+        os.sched_setaffinity(0, cores)
         return
     quiet = item.get_closest_marker("quiet") is not None
     fcntl.flock(_TURNSTILE, fcntl.LOCK_EX)
@@ -48,6 +53,7 @@ def pytest_runtest_protocol(item, nextitem):
     try:
         yield
     finally:
+        os.sched_setaffinity(0, cores)
         with contextlib.suppress(OSError):
             fcntl.flock(_ROOM, fcntl.LOCK_UN)
 

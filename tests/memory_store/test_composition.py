@@ -85,7 +85,9 @@ def stock_output(built) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stack", SERVED, ids=[f"{len(s)}:{'+'.join(n.removeprefix('refspec-') for n in s)}" for s in SERVED])
+@pytest.mark.parametrize(
+    "stack", SERVED, ids=[f"{len(s)}:{'+'.join(n.removeprefix('refspec-') for n in s)}" for s in SERVED]
+)
 def test_every_stack_serves_stock_output(built, stock_output, stack):
     ready, out = serve(built[stack][1])
     assert out == stock_output, f"{'+'.join(stack)} changed the output"
