@@ -32,8 +32,13 @@ TINY = "smollm-tiny"
 
 
 def _tiny_spec(
-    home: Home, name: str = TINY, slots: str = '"cpu:0", "cpu:1"', design: str = "auto", audit: int = 1024,
-    requests: int = 3, tokens: int = 40,
+    home: Home,
+    name: str = TINY,
+    slots: str = '"cpu:0", "cpu:1"',
+    design: str = "auto",
+    audit: int = 1024,
+    requests: int = 3,
+    tokens: int = 40,
 ) -> None:
     text = (SHIPPED / "smollm-cpu.toml").read_text()
     text = text.replace('name = "smollm-cpu"', f'name = "{name}"')
