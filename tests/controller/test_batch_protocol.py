@@ -123,7 +123,7 @@ def batch_judged(tmp_path_factory):
     text = text.replace("max_new_tokens = 32", "max_new_tokens = 16")
     text = re.sub(
         r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$",
-        "blocks = 3\nbudget_s = 75\nmax_blocks = 6\naudit_positions = 256",
+        "blocks = 3\nbudget_s = 75\nmax_blocks = 6\naudit_positions = 96",  # the timed outputs: 6 x 16
         text,
     )
     home.deployments.mkdir(parents=True, exist_ok=True)

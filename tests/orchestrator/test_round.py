@@ -36,10 +36,11 @@ def _spec(home: Path) -> None:
     text = text.replace('name = "smollm-cpu"', f'name = "{NAME}"')
     text = text.replace("sets = { humaneval = 5, mtbench = 2 }", "sets = { humaneval = 3 }")
     text = text.replace("max_new_tokens = 64", "max_new_tokens = 16")
-    # the fewest blocks a verdict takes: this test is about the loop, not about power
+    # the fewest blocks a verdict takes, and an audit of the timed outputs alone (no top-up: 1024
+    # positions of 16 tokens are 64 more requests): this test is about the loop, not about power
     text = re.sub(
         r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$",
-        "blocks = 3\nbudget_s = 20\nmax_blocks = 3",
+        "blocks = 3\nbudget_s = 20\nmax_blocks = 3\naudit_positions = 48",
         text,
     )
     (home / "deployments").mkdir(parents=True, exist_ok=True)
