@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -58,34 +59,51 @@ def audit_outputs(dep: Deployment, home: Home, db, reqs: list[Request], outputs:
 
 
 def top_up(dep: Deployment, home: Home, baseline, candidate, reqs: list[Request], draw: dict,
-           outputs: dict[str, list[int]], base_outputs: dict[str, list[int]], raw: Path) -> dict:  # fmt: skip
+           outputs: dict[str, list[int]], base_outputs: dict[str, list[int]], raw: Path,
+           check_trees: Callable[[], None] = lambda: None) -> dict:  # fmt: skip
     """The audit material of an approval or an output-changing candidate: the run's requests and
     outputs (the baseline's beside them, to explain a mismatch), with fresh pool requests until
     they hold `controller.audit_positions` output positions (the planted defect changes 16 of 35
     HumanEval requests, so none of a tiny period's four ~9% of the time).
 
-    The added requests are served exactly as a timed round is — baseline and candidate in the
-    deployment's design, after as many warm-up requests, ids from r00 — so a system cannot tell the
-    runs the audit alone scores from the timed ones; their times are kept (`raw`), never used.
+    The added requests come as further draws, each shaped exactly as a timed run's (as many
+    warm-up and measured requests of each set, a batch deployment's groups, ids from r00) and served
+    as a timed round is — baseline and candidate in the deployment's design — so nothing a system
+    sees in its process (how many requests, their shape, their ids) tells the runs the audit alone
+    scores from the timed ones; their times are kept (`raw`), never used.
     Returns {"reqs", "outputs", "base_outputs", "draw" (the added requests' or None), "violations"}."""
     out = {"reqs": reqs, "outputs": outputs, "base_outputs": base_outputs, "draw": None, "violations": []}
     need = dep.controller.audit_positions - sum(len(t) for t in outputs.values())
-    if need <= 0:
-        return out
-    per = max(1, round(sum(r.max_new_tokens for r in reqs) / len(reqs)))
+    used = set(draw["sources"].values())
     warm = dep.controller.warmup_requests
-    extra, more = more_requests(dep, home, draw, warm + math.ceil(need / per), 0)
-    if len(extra) <= warm:
+    added: list[Request] = []
+    got: dict[str, dict[str, list[int]]] = {"A": {}, "B": {}}
+    sources, seeds, violations = {}, [], []
+    while need > 0:
+        more = more_requests(dep, home, used)
+        if more is None:  # the pool is spent: the audit scores what it has
+            break
+        extra, shape = more
+        used |= set(shape["sources"].values())
+        with lease(home, slots_of(dep)) as slots:
+            run = paired_run(adapter_for(dep, home), baseline, candidate, slots, extra, rounds=1, warmup=warm,
+                             raw=raw, design=dep.design, seed=random.SystemRandom().getrandbits(32),
+                             check_trees=check_trees)  # fmt: skip
+        k = len(seeds)
+        flat, outs = flatten(extra[warm:], run.outputs.get("B", {}))
+        base = flatten(extra[warm:], run.outputs.get("A", {}))[1]
+        for q in flat:  # apart from the timed run's ids: a{k}/r03, a{k}/b4/r03
+            rid = f"a{k}/{q.id}"
+            added.append(Request(rid, q.input_ids, q.max_new_tokens))
+            sources[rid] = shape["sources"][q.id.rsplit("/", 1)[-1]]
+            got["B"][rid], got["A"][rid] = outs.get(q.id, []), base.get(q.id, [])
+        need -= sum(len(v) for v in outs.values())
+        seeds.append(shape["seed"])
+        violations += run.violations + checks.violations(run)
+    if not added:
         return out
-    with lease(home, slots_of(dep)) as slots:
-        run = paired_run(adapter_for(dep, home), baseline, candidate, slots, extra, rounds=1, warmup=warm,
-                         raw=raw, design=dep.design, seed=random.SystemRandom().getrandbits(32))  # fmt: skip
-    renamed = {r.id: f"a{i:02d}" for i, r in enumerate(extra[warm:])}  # apart from the timed run's ids
-    added = [Request(renamed[r.id], r.input_ids, r.max_new_tokens) for r in extra[warm:]]
-    more["sources"] = {renamed[k]: v for k, v in more["sources"].items() if k in renamed}
-    got = {lb: {renamed[k]: v for k, v in run.outputs.get(lb, {}).items()} for lb in ("A", "B")}
     return out | {"reqs": reqs + added, "outputs": outputs | got["B"], "base_outputs": base_outputs | got["A"],
-                  "draw": more, "violations": run.violations + checks.violations(run)}  # fmt: skip
+                  "draw": {"seeds": seeds, "sources": sources}, "violations": violations}  # fmt: skip
 
 
 def contexts(dep: Deployment, home: Home, result: AuditResult, outputs: dict[str, list[int]]) -> list[dict]:

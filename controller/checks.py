@@ -11,6 +11,9 @@ Each finding is an integrity violation: the comparison gets no approval, and the
   last request, read from its cgroup, which counts exited processes too), far beyond the
   baseline's in the same windows. What a system computes untimed could only serve a timed copy of
   it elsewhere (through a channel jail.py closes) or precompute; either way it is no speed.
+- It worked in its warm-up: the warm-up requests are served and never timed, so a system that
+  spends far longer on them than the baseline (1.5× + 5 s, the allowance for work before ready)
+  computes untimed.
 - It produced tokens without computing them: on a CPU slot where the baseline computes (at least
   half a CPU-second per second of serving), its CPU time per second of serving is far below the
   baseline's on the same requests while it serves them faster (a system that paces out answers it
@@ -53,6 +56,7 @@ def violations(run: PairedRun) -> list[str]:
             out.append(f"system B took {ready['B']:.1f} s to report ready against the baseline's {ready['A']:.1f} s: "
                        "work before the timed window")  # fmt: skip
         out += _untimed(period)
+        out += _warm_up(period, run.warmup_ids)
         busy = {lb: 0.0 for lb in ("A", "B")}
         wall = {lb: 0.0 for lb in ("A", "B")}
         for turn in period.turns:
@@ -88,6 +92,18 @@ def _untimed(period) -> list[str]:
         out.append(f"system B used {after['B']:.1f} CPU-s outside its turns after it was ready (waiting, between "
                    f"turns, exiting) against the baseline's {after['A']:.1f}: work while not timed")  # fmt: skip
     return out
+
+
+def _warm_up(period, warm: set[str]) -> list[str]:
+    """B's seconds on the warm-up requests (the time it ran, when sliced) against A's."""
+    took = {
+        lb: sum(r.seconds for rid, r in period.results.get(lb, {}).items() if rid in warm)
+        for lb in ("A", "B")
+    }
+    if took["A"] and took["B"] > READY_FACTOR * took["A"] + READY_SLACK_S:
+        return [f"system B took {took['B']:.1f} s on its warm-up request{'s' if len(warm) > 1 else ''} against the "
+                f"baseline's {took['A']:.1f}: work while not timed"]  # fmt: skip
+    return []
 
 
 def request_speeds(run: PairedRun, label: str, sources: dict[str, str]) -> dict[str, float]:

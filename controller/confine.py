@@ -49,7 +49,8 @@ def fresh_uid() -> int:
         with contextlib.suppress(KeyError):
             pwd.getpwuid(uid)
             continue
-        if not any(p.uids().real == uid for p in psutil.process_iter()):
+        # process_iter with attrs skips a process that exits meanwhile (uids None where unreadable)
+        if not any(p.info["uids"] and p.info["uids"].real == uid for p in psutil.process_iter(["uids"])):
             return uid
 
 

@@ -58,17 +58,18 @@ ANCHORS = 4  # measured requests a draw takes from the baseline's speed record, 
 
 
 def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
-                  anchors: frozenset[str] = frozenset()) -> tuple[list[Request], dict]:  # fmt: skip
+                  anchors: frozenset[str] = frozenset(), exclude: frozenset[str] = frozenset(),
+                  ) -> tuple[list[Request], dict]:  # fmt: skip
     """Warm-up + measured requests drawn from the pool, with neutral ids; and the draw's record.
 
     `anchors`: pool ids the baseline's speed record holds; up to `ANCHORS` of the measured requests
     are drawn among them (each in place of one of its own set), so the check of the baseline
     against its record (checks.baseline_slowed) has requests to compare by design, not by luck.
     Which ones is as secret as the rest of the draw. (Not for batch groups: a group's record is
-    of its exact members.)"""
+    of its exact members.) `exclude`: pool ids not to draw (an audit's further draws)."""
     seed = random.SystemRandom().getrandbits(64) if seed is None else seed
     rng = random.Random(seed)
-    pool = load_requests(pool_file(dep, home))
+    pool = [r for r in load_requests(pool_file(dep, home)) if r.id not in exclude]
     by_set: dict[str, list] = {}
     for r in pool:
         by_set.setdefault(r.set, []).append(r)
@@ -130,15 +131,15 @@ def flatten(
     return flat, out
 
 
-def more_requests(dep: Deployment, home: Home, draw: dict, n: int, first: int) -> tuple[list[Request], dict]:
-    """`n` more pool requests outside `draw` (ids `r{first}` on), neutral ids as a draw's, and a
-    fresh secret seed: what an audit adds when a run's outputs are too few to score."""
-    seed = random.SystemRandom().getrandbits(64)
-    used = set(draw["sources"].values())
-    rest = [r for r in load_requests(pool_file(dep, home)) if r.id not in used]
-    picked = random.Random(seed).sample(rest, min(n, len(rest)))
-    reqs = [Request(f"r{first + i:02d}", r.input_ids, r.max_new_tokens) for i, r in enumerate(picked)]
-    return reqs, {"seed": seed, "sources": {q.id: r.id for q, r in zip(reqs, picked, strict=True)}}
+def more_requests(dep: Deployment, home: Home, used: set[str]) -> tuple[list[Request], dict] | None:
+    """One more draw, shaped exactly as a timed run's (as many warm-up and measured requests of
+    each set, a batch deployment's groups, ids from r00), of pool requests outside `used`, with a
+    fresh secret seed: what an audit adds when a run's outputs are too few to score. None when the
+    pool has too few left."""
+    try:
+        return draw_requests(dep, home, exclude=frozenset(used))
+    except SpecPilotError:
+        return None
 
 
 def protected_paths(dep: Deployment) -> list[str]:

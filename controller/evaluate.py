@@ -292,7 +292,7 @@ def compare(
         top = None
         try:  # enough positions for any output-changing candidate, not only for an approval
             got = top_up(dep, home, baseline, candidate, audited, draw, outputs, base_outputs,
-                         home.runs / f"{run_id}-audit.jsonl")  # fmt: skip
+                         home.runs / f"{run_id}-audit.jsonl", _tree_check(repo, [baseline, candidate]))  # fmt: skip
             audited, outputs, base_outputs, top = (
                 got["reqs"],
                 got["outputs"],
@@ -302,6 +302,8 @@ def compare(
             fatal += [f"integrity (audit's added requests): {v}" for v in got["violations"]]
         except SystemFailed as e:
             fatal.append(f"audit: a system failed on the audit's added requests: {e}")
+        except _Tampered as e:
+            fatal.append(f"audit: {e} (on the audit's added requests)")
         result = audit_outputs(dep, home, db, audited, outputs, base_outputs)
         audit_summary = audit_json(result, contexts(dep, home, result, outputs)) | {"top_up": top}
         if result.reasons or fatal:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .engine import EngineAdapter, Request, RequestResult, SystemFailed
 from .gpu_load import watch_for
-from .load import core_times, foreign_load
+from .load import core_times, foreign_load, summed
 from .placement import available_cores, keep_off, pair_cores
 from .slicer import SLICE_S, Slicer, active
 from .slots import Slot
@@ -70,7 +70,20 @@ class PeriodResult:
 
     @property
     def disturbances(self) -> list[str]:
-        return [d for t in self.turns for d in t.disturbances]
+        return [d for t in self.turns for d in t.disturbances] + self.load_over_turns()
+
+    def load_over_turns(self) -> list[str]:
+        """Each watched core's other load summed over the period's turns (load.summed)."""
+        by_core: dict[int, dict[int, dict]] = {}
+        for t in self.turns:
+            for ld in t.load.values():  # two labels on one core share one record
+                by_core.setdefault(ld["core"], {})[id(ld)] = ld
+        out = []
+        for core, loads in sorted(by_core.items()):
+            if len(loads) > 1 and (s := summed(list(loads.values())))["disturbed"]:
+                out.append(f"other load on cpu:{core}: {s['foreign_share']:.0%} of the period's turns went to "
+                           "something besides the systems")  # fmt: skip
+        return out
 
 
 @dataclass
@@ -81,6 +94,7 @@ class PairedRun:
     periods: list[PeriodResult] = field(default_factory=list)
     block_disturbances: list[list[str]] = field(default_factory=list)  # per block
     violations: list[str] = field(default_factory=list)  # what the systems did that they must not
+    warmup_ids: set[str] = field(default_factory=set)  # the warm-up requests: served, never timed
 
     @property
     def disturbances(self) -> list[str]:
@@ -168,7 +182,7 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
     for c in set(cores.values()):
         on = [lb for lb in labels if cores.get(lb) == c]
         if c in cores0 and c in cores1:
-            ld = foreign_load(cores0[c], cores1[c], sum(cpu[lb] for lb in on), wall, harness)
+            ld = foreign_load(cores0[c], cores1[c], sum(cpu[lb] for lb in on), wall, harness) | {"core": c}
             stats.load |= dict.fromkeys(on, ld)
             if ld["disturbed"]:
                 who = " and ".join(on)
@@ -247,6 +261,7 @@ def paired_run(
         raise ValueError("no requests left after the warm-up")
     serve = {"sliced": _sliced_round, "swapped": _swapped_round, "interleaved": _interleaved_round}[design]
     run = run or PairedRun(design=design)
+    run.warmup_ids |= {r.id for r in warm}
     raw.parent.mkdir(parents=True, exist_ok=True)
     logs = raw.with_suffix("")
     with open(raw, "a") as fh:

@@ -36,7 +36,7 @@ def _tiny_spec(
     name: str = TINY,
     slots: str = '"cpu:0", "cpu:1"',
     design: str = "auto",
-    audit: int = 1024,
+    audit: int = 600,
     requests: int = 3,
     tokens: int = 40,
 ) -> None:
@@ -194,15 +194,35 @@ atexit.register(_late)
 class Engine:"""
 
 
+WARM = """_FIRST = [1]
+
+
+def parse_request(obj: object) -> Request:
+    if _FIRST:  # the first request after ready is the controller's warm-up: served, never timed
+        _FIRST.pop()
+        _t = __import__("time")
+        _end = _t.thread_time() + 10
+        while _t.thread_time() < _end:
+            pass
+"""
+
+
 def test_work_while_not_timed_is_a_violation(judged):
     """A candidate computing in its exit window (after its last timed request, in the shutdown
-    grace: work that could only serve a timed copy of it elsewhere) is named, not approved; and
-    its stderr is a pipe, so no log name tells it which kind of run it is in."""
+    grace: work that could only serve a timed copy of it elsewhere) and in its warm-up request
+    (served, never timed) is named twice, not approved; and its stderr is a pipe, so no log name
+    tells it which kind of run it is in."""
     home, dep, ws, _ = judged
-    late = _candidate(ws, "late", lambda t: _replace(t / GENERATE, "class Engine:", LATE))
+
+    def edit(t: Path) -> None:
+        _replace(t / GENERATE, "class Engine:", LATE)
+        _replace(t / "refspec/runtime.py", "def parse_request(obj: object) -> Request:\n", WARM)
+
+    late = _candidate(ws, "late", edit)
     ev = controller.compare(dep, home, "system", late, blocks=2)
     assert not ev.approved
     assert any("outside its turns" in r and "work while not timed" in r for r in ev.reasons), ev.reasons
+    assert any("on its warm-up request" in r and "work while not timed" in r for r in ev.reasons), ev.reasons
     logs = list(Path(ev.evidence["raw"]).with_suffix("").glob("b*-B-*.log"))
     assert logs and all("stderr is pipe:[" in log.read_text() for log in logs)
 
@@ -212,7 +232,8 @@ def test_planted_defect_is_rejected_by_the_audit(judged):
     on a candidate that is also faster (against a sleep-slowed baseline), so only the audit stops it.
 
     The defect changes about one HumanEval request in two within 40 tokens, so the run's four
-    requests show nothing ~9% of the time: the audit's top-up (≥ 1024 positions) is what sees it."""
+    requests show nothing ~9% of the time: the audit's top-up (≥ 600 positions, 15 requests in
+    draws shaped as the timed one; all unchanged ~3e-5 of the time) is what sees it."""
     home, dep, ws, _ = judged
     patch = (Path(__file__).parent / "fixtures" / "planted_defect.patch").read_bytes()
     defect = _candidate(

@@ -22,8 +22,8 @@ def test_core_times_reads_busy_and_steal_per_core(tmp_path):
     stat.write_text(STAT)
     got = core_times([1, 5], stat)
     assert list(got) == [1]  # a core the machine lacks is left out
-    # busy = user + nice + system + irq + softirq + steal; idle and iowait are not busy
-    assert got[1] == CoreTimes((500 + 0 + 200 + 0 + 3 + 4) / TICK, 4 / TICK)
+    # busy = user + nice + system + irq + softirq + steal (idle and iowait are not); irq = irq + softirq
+    assert got[1] == CoreTimes((500 + 0 + 200 + 0 + 3 + 4) / TICK, 4 / TICK, (0 + 3) / TICK)
 
 
 def test_core_times_on_this_machine_grow():
@@ -45,6 +45,36 @@ def test_foreign_never_goes_negative():
     """The system's and controller's counters and the kernel's ticks disagree by a tick or so."""
     ld = foreign_load(CoreTimes(0.0, 0.0), CoreTimes(1.0, 0.0), own_cpu_s=0.99, wall_s=1.0, harness_s=0.2)
     assert ld["foreign_s"] == 0.0 and ld["foreign_share"] == 0.0
+
+
+def test_a_turn_shorter_than_the_counters_resolution_is_not_disturbed_by_one_tick():
+    """/proc/stat and a process's CPU time count in clock ticks (10 ms at 100 Hz): in a 30 ms GPU
+    turn, one tick the core spent besides the system read as 26% (an H200 Phase 0 refused on it).
+    A turn is disturbed only past the limit plus two ticks; a longer turn is judged as before."""
+    tick = 1 / TICK
+    one = foreign_load(CoreTimes(0.0, 0.0), CoreTimes(4 * tick, 0.0), own_cpu_s=3 * tick, wall_s=0.03)
+    assert one["foreign_s"] == pytest.approx(tick) and not one["disturbed"]
+    busy = foreign_load(CoreTimes(0.0, 0.0), CoreTimes(0.03, 0.0), own_cpu_s=0.0, wall_s=0.03)
+    assert busy["disturbed"]  # a turn the core spent wholly on something else
+    long = foreign_load(CoreTimes(0.0, 0.0), CoreTimes(9.0, 0.0), own_cpu_s=7.5, wall_s=10.0)
+    assert long["disturbed"]  # 15% of 10 s: the slack is 2 ticks, not a share
+
+
+def test_a_period_sums_its_turns_so_steady_load_in_short_turns_is_seen():
+    """Other load of 20% in each of forty 50 ms turns passes every turn's check (one tick each) but
+    not the period's: the period sums each core's turns, unclipped (a tick's rounding one way in
+    one turn offsets another's), and holds them to the limit with no slack."""
+    from specpilot.controller.load import summed
+
+    tick = 1 / TICK
+    steady = [foreign_load(CoreTimes(0.0, 0.0), CoreTimes(5 * tick, 0.0), own_cpu_s=4 * tick, wall_s=0.05)
+              for _ in range(40)]  # fmt: skip
+    assert not any(ld["disturbed"] for ld in steady)
+    assert summed(steady)["disturbed"] and summed(steady)["foreign_share"] == pytest.approx(0.2)
+    # rounding: one turn reads a tick over, the next a tick under; no other load in sum
+    jitter = [foreign_load(CoreTimes(0.0, 0.0), CoreTimes((5 + (-1) ** i) * tick, 0.0), own_cpu_s=5 * tick,
+                           wall_s=0.05) for i in range(40)]  # fmt: skip
+    assert not summed(jitter)["disturbed"] and summed(jitter)["foreign_s"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_disturbances_are_summarised_once_per_kind_with_their_range():
