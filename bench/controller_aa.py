@@ -55,6 +55,23 @@ def aa_copy(ws: Workspace) -> str:
     return "cand/aa-copy"
 
 
+def slowed(ws: Workspace, dep, home, gain: float) -> str:
+    """The branch of stock with a CPU burn in every decode step worth `gain` of stock's step on
+    this machine (made once per size): stock is then a true 1 + gain faster candidate."""
+    delay = step_seconds(dep, home) * gain
+    name = f"slow-{round(gain * 1000)}-{round(delay * 1e6)}us"
+    if f"cand/{name}" not in ws.branches():
+        wt = ws.add_worktree(name, "stock")
+        gen = wt / "refspec" / "generate.py"
+        if STEP not in gen.read_text():
+            raise SystemExit("controller_aa: stock's decode step moved; update STEP to where the burn goes")
+        burn = (f"        _t = __import__('time'); _end = _t.thread_time() + {delay:.6f}\n"
+                "        while _t.thread_time() < _end: pass\n")  # fmt: skip
+        gen.write_text(gen.read_text().replace(STEP, burn + STEP, 1))
+        ws.commit_worktree(wt, f"stock slowed by {gain:.0%} of a step (CPU burn {delay * 1e3:.2f} ms)")
+    return f"cand/{name}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--deployment", default="smollm-cpu")
@@ -71,20 +88,8 @@ def main() -> None:
         t = time.monotonic()
         controller.run_phase0(dep, home)
         print(f"Phase 0: {time.monotonic() - t:.0f}s")
-    heads = ws.branches()
     if args.gain:
-        delay = step_seconds(dep, home) * args.gain
-        name = f"slow-{round(args.gain * 1000)}-{round(delay * 1e6)}us"
-        if f"cand/{name}" not in heads:
-            wt = ws.add_worktree(name, "stock")
-            gen = wt / "refspec" / "generate.py"
-            burn = (f"        _t = __import__('time'); _end = _t.thread_time() + {delay:.6f}\n"
-                    "        while _t.thread_time() < _end: pass\n")  # fmt: skip
-            gen.write_text(gen.read_text().replace(STEP, burn + STEP, 1))
-            ws.commit_worktree(
-                wt, f"stock slowed by {args.gain:.0%} of a step (CPU burn {delay * 1e3:.2f} ms)"
-            )
-        baseline, candidate = f"cand/{name}", "stock"
+        baseline, candidate = slowed(ws, dep, home, args.gain), "stock"
     else:
         baseline, candidate = "stock", aa_copy(ws)
     rows = []

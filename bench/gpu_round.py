@@ -1,6 +1,6 @@
 """The loop on one GPU, end to end: refspec against HF, a round, seal-check, A/A comparisons.
 
-    python bench/gpu_round.py --out DIR [--steps speed,round,seal,aa,entries] [--aa 10] [--budget-s 540]
+    python bench/gpu_round.py --out DIR [--steps speed,round,seal,judge,entries] [--aa 10] [--gain3 10] [--budget-s 540]
                               [--entries refspec-tlv,...]
 
 Run after `source bench/gpu_env.sh` on the lent H200 (bench/gpu_prepare.sh says how the weights
@@ -9,7 +9,8 @@ and packages get there). Steps, each written to DIR/gpu_round_smollm_h200.json a
   AR and stock spec ms per token (CUDA graphs), HF Transformers `generate` on the same prompts;
 - round: `specpilot round --deployment smollm-h200` (memory agent), its wall time and verdicts;
 - seal: `specpilot seal-check --all`;
-- aa: stock against a no-op commit of stock, `--aa` comparisons, in the one-GPU design;
+- judge: `--aa` A/A comparisons (stock against a no-op commit of stock) and `--gain3` of a
+  calibrated 3% gain, alternating, in the one-GPU design (keys aa_*, gain3_*);
 - entries: each of `--entries` (built from stock by `specpilot memory replay`, committed as
   `cand/entry-<name>`) judged against stock by `controller.compare`, with its audit.
 Steps stop starting once the budget is spent.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -37,8 +39,9 @@ def cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--steps", default="speed,round,seal,aa")
-    ap.add_argument("--aa", type=int, default=10)
+    ap.add_argument("--steps", default="speed,round,seal,judge")
+    ap.add_argument("--aa", type=int, default=10, help="A/A comparisons of the judge step")
+    ap.add_argument("--gain3", type=int, default=0, help="calibrated 3%% comparisons of the judge step")
     ap.add_argument(
         "--speed-repeats", type=int, default=1, help="serve the speed step's prompts this many times"
     )
@@ -108,8 +111,8 @@ def main() -> None:
         res["seal_check_passed"] = proc.returncode == 0
         res["seal_check_tail"] = proc.stdout[-1500:]
         save()
-    if "aa" in steps and left() > 60:
-        aa(dep, home, res, args, left, save)
+    if "judge" in steps:
+        judge(dep, home, res, args, left, save)
     if "entries" in steps:
         for name in filter(None, args.entries.split(",")):
             if left() > 45:
@@ -122,6 +125,8 @@ def main() -> None:
 
 def aa_copy(dep, home) -> str:
     """Phase 0 (if not run) and `cand/aa-copy`: stock with one comment added (another tree hash)."""
+    from controller_aa import aa_copy as copy  # bench/ is this script's folder
+
     from specpilot import controller
     from specpilot.memory_store import connect, records
     from specpilot.memory_store.workspace import Workspace
@@ -129,39 +134,46 @@ def aa_copy(dep, home) -> str:
     ws, _ = Workspace.init(home, dep)
     if records.get_state(connect(home), dep.name, "phase0") is None:
         controller.run_phase0(dep, home)
-    if "cand/aa-copy" not in ws.branches():
-        wt = ws.add_worktree("aa-copy", "stock")
-        gen = wt / "refspec" / "generate.py"
-        gen.write_text(gen.read_text() + "\n# A/A copy: the same system under another tree hash.\n")
-        ws.commit_worktree(wt, "A/A copy of stock")
-    return "cand/aa-copy"
+    return copy(ws)
 
 
-def aa(dep, home, res: dict, args, left, save) -> None:
-    """Stock against a copy of stock differing by one comment (another tree hash), sequential."""
+def judge(dep, home, res: dict, args, left, save) -> None:
+    """A/A (stock against a copy of stock differing by one comment) and a calibrated 3% gain (stock
+    against stock with a CPU burn per decode step worth 3% of its step, bench/controller_aa.py),
+    alternating, `--aa` and `--gain3` comparisons, so a run cut short by its budget has both."""
+    from controller_aa import slowed
+
     from specpilot import controller
     from specpilot.memory_store import connect, records
+    from specpilot.memory_store.workspace import Workspace
 
     db = connect(home)
-    aa_copy(dep, home)
-    rows = res.setdefault("aa_rows", [])
-    while len(rows) < args.aa and left() > 45:
+    pairs = {
+        "aa": ("stock", aa_copy(dep, home)),
+        "gain3": (slowed(Workspace.init(home, dep)[0], dep, home, 0.03), "stock"),
+    }
+    want = {"aa": args.aa, "gain3": args.gain3}
+    while left() > 60:
+        todo = [k for k in ("aa", "gain3") if len(res.get(f"{k}_rows", [])) < want[k]]
+        if not todo:
+            break
+        kind = min(todo, key=lambda k: len(res.get(f"{k}_rows", [])) / want[k])
+        rows = res.setdefault(f"{kind}_rows", [])
         t = time.monotonic()
-        ev = controller.compare(dep, home, "stock", "cand/aa-copy")
+        ev = controller.compare(dep, home, *pairs[kind])
         raw = Path(ev.evidence.get("raw", ""))
         if raw.is_file():  # per request: send/done times and every token's arrival, for the noise study
-            shutil.copy(raw, args.out / f"aa-{len(rows) + 1}.jsonl")
+            shutil.copy(raw, args.out / f"{kind}-{len(rows) + 1}.jsonl")
         rows.append({"gain": ev.gain, "lower_bound": ev.lower_bound, "approved": ev.approved, "threshold": ev.threshold,
                      "sigma": ev.sigma, "blocks": ev.evidence.get("n"), "seconds": time.monotonic() - t,
                      "reasons": ev.reasons})  # fmt: skip
-        print(
-            f"A/A {len(rows)}: gain {ev.gain:.4f} LB {ev.lower_bound:.4f} bar {ev.threshold:.2%} "
-            f"{'APPROVED' if ev.approved else 'rejected'} {rows[-1]['seconds']:.0f}s",
-            flush=True,
-        )
+        print(f"{kind} {len(rows)}: gain {ev.gain:.4f} LB {ev.lower_bound:.4f} bar {ev.threshold:.2%} "
+              f"{'APPROVED' if ev.approved else 'rejected'} {rows[-1]['seconds']:.0f}s {ev.reasons}", flush=True)  # fmt: skip
         noise = records.get_state(db, dep.name, "noise") or {}
-        res |= {"aa_comparisons": len(rows), "aa_approved": sum(r["approved"] for r in rows),
-                "aa_sigma": noise.get("sigma"), "aa_pooled_block_sd": noise.get("pooled_sd")}  # fmt: skip
+        res[f"{kind}_comparisons"] = len(rows)
+        res[f"{kind}_approved"] = sum(bool(r["approved"]) for r in rows)
+        res[f"{kind}_median_s"] = statistics.median(r["seconds"] for r in rows)
+        res |= {"aa_sigma": noise.get("sigma"), "aa_pooled_block_sd": noise.get("pooled_sd")}
         save()
 
 
