@@ -78,3 +78,18 @@ def summed(loads: list[dict]) -> dict[str, float]:
     foreign = max(0.0, tot["busy_s"] - tot["own_s"] - tot["harness_s"])
     share = foreign / tot["wall_s"] if tot["wall_s"] > 0 else 0.0
     return tot | {"foreign_s": foreign, "foreign_share": share, "disturbed": share > FOREIGN_SHARE_LIMIT}
+
+
+def over_turns(turn_loads: list[dict[str, dict]]) -> list[str]:
+    """Each watched core's other load summed over a period's turns (each turn's records by label;
+    two labels on one core share one record): one finding per core past the limit."""
+    by_core: dict[int, dict[int, dict]] = {}
+    for loads in turn_loads:
+        for ld in loads.values():
+            by_core.setdefault(ld["core"], {})[id(ld)] = ld
+    out = []
+    for core, loads in sorted(by_core.items()):
+        if len(loads) > 1 and (s := summed(list(loads.values())))["disturbed"]:
+            out.append(f"other load on cpu:{core}: {s['foreign_share']:.0%} of the period's turns went to "
+                       "something besides the systems")  # fmt: skip
+    return out

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .engine import EngineAdapter, Request, RequestResult, SystemFailed
 from .gpu_load import watch_for
-from .load import core_times, foreign_load, summed
+from .load import core_times, foreign_load, over_turns
 from .placement import available_cores, keep_off, pair_cores
 from .slicer import SLICE_S, Slicer, active
 from .slots import Slot
@@ -70,20 +70,7 @@ class PeriodResult:
 
     @property
     def disturbances(self) -> list[str]:
-        return [d for t in self.turns for d in t.disturbances] + self.load_over_turns()
-
-    def load_over_turns(self) -> list[str]:
-        """Each watched core's other load summed over the period's turns (load.summed)."""
-        by_core: dict[int, dict[int, dict]] = {}
-        for t in self.turns:
-            for ld in t.load.values():  # two labels on one core share one record
-                by_core.setdefault(ld["core"], {})[id(ld)] = ld
-        out = []
-        for core, loads in sorted(by_core.items()):
-            if len(loads) > 1 and (s := summed(list(loads.values())))["disturbed"]:
-                out.append(f"other load on cpu:{core}: {s['foreign_share']:.0%} of the period's turns went to "
-                           "something besides the systems")  # fmt: skip
-        return out
+        return [d for t in self.turns for d in t.disturbances] + over_turns([t.load for t in self.turns])
 
 
 @dataclass

@@ -77,6 +77,25 @@ def test_a_period_sums_its_turns_so_steady_load_in_short_turns_is_seen():
     assert not summed(jitter)["disturbed"] and summed(jitter)["foreign_s"] == pytest.approx(0.0, abs=1e-9)
 
 
+def test_a_period_names_each_core_whose_summed_turns_pass_the_limit():
+    """`over_turns`: per core over the period's turns (two labels on one core share one record,
+    counted once); a core of one turn is left to the turn's own check."""
+    from specpilot.controller.load import over_turns
+
+    tick = 1 / TICK
+
+    def turn(core: int, foreign_ticks: int) -> dict:
+        ld = foreign_load(CoreTimes(0.0, 0.0), CoreTimes((4 + foreign_ticks) * tick, 0.0), own_cpu_s=4 * tick,
+                          wall_s=0.05) | {"core": core}  # fmt: skip
+        return {"A": ld, "B": ld}
+
+    turns = [turn(3, 1) for _ in range(20)] + [{"A": turn(5, 0)["A"]} for _ in range(20)]
+    assert over_turns(turns) == [
+        "other load on cpu:3: 20% of the period's turns went to something besides the systems"
+    ]
+    assert over_turns([turn(3, 3)]) == []
+
+
 def test_disturbances_are_summarised_once_per_kind_with_their_range():
     from specpilot.controller.evaluate import _summarize
 
