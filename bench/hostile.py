@@ -116,7 +116,7 @@ def _unverified(when: str) -> Callable[[Path], None]:
     return edit
 
 
-def candidates(home: Path) -> dict[str, tuple[str, Callable[[Path], None]]]:
+def candidates(home: Path, deployment: str = "smollm-cpu") -> dict[str, tuple[str, Callable[[Path], None]]]:
     """name -> (what it tries, the edit that makes it)."""
     h = str(home.resolve())
     table_cache = (
@@ -301,7 +301,7 @@ def judge(chosen: dict, home: Path, deployment: str, json_path: Path | None, not
     return rows
 
 
-def cli(doc: str, candidates: Callable[[Path], dict], note=None) -> None:
+def cli(doc: str, candidates: Callable[[Path, str], dict], note=None) -> None:
     """The command line of a hostile suite: --home, --deployment, --only, --json."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--home", type=Path, required=True)
@@ -309,7 +309,7 @@ def cli(doc: str, candidates: Callable[[Path], dict], note=None) -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    chosen = candidates(args.home)
+    chosen = candidates(args.home, args.deployment)
     if args.only:
         chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
     judge(chosen, args.home, args.deployment, args.json, note)

@@ -6,7 +6,9 @@ Classes: state kept in kernel objects owned by the system's user (keyrings, SysV
 in a later run and paced by burning CPU; work while not timed (the exit window); a small
 systematic defect riding on a real gain (only the audit can stop it); a system telling the
 audit's runs from the timed ones; an import hook serving another source for the protected serve
-module; the prepare run looking for real weights in its decoy folder. Each is judged by
+module; the prepare run looking for real weights in its decoy folder; stock's answers to every
+prompt of the public sets shipped in the patch and paced out (its table is built here first, by
+stock in this process, and kept in the home). Each is judged by
 `controller.compare` against stock (or against a slowed stock, where the candidate needs a real
 gain to ride on), as bench/hostile.py does; results go to bench/results/hostile_round3.json
 and docs/BENCHMARKS.md ("Hostile candidates").
@@ -14,6 +16,7 @@ and docs/BENCHMARKS.md ("Hostile candidates").
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -127,6 +130,67 @@ DECOY = (
 )
 
 
+def public_answers(home: Path, deployment: str) -> dict[str, list[int]]:
+    """Stock's greedy answer to every prompt of the deployment's public pool, keyed by the
+    prompt's last 24 token ids (a tag before the turn leaves them as they are): what a candidate
+    could ship. Built once per home (two processes, ~3 minutes on smollm-cpu)."""
+    path = home / "hostile-public-answers.json"
+    if not path.is_file():
+        from concurrent.futures import ProcessPoolExecutor
+
+        from specpilot.deployments import Home, load_deployment
+        from specpilot.deployments.workloads import load_requests, pool_file
+
+        pool = load_requests(pool_file(load_deployment(deployment, Home(home)), Home(home)))
+        jobs = [[(r.input_ids, r.max_new_tokens) for r in pool[i::2]] for i in range(2)]
+        with ProcessPoolExecutor(2) as ex:
+            answers = [a for part in ex.map(_answer, jobs) for a in part]
+        table = {
+            repr(ids[-24:]): out
+            for (ids, _), out in zip([j for part in jobs for j in part], answers, strict=True)
+        }
+        path.write_text(json.dumps(table))
+    return json.loads(path.read_text())
+
+
+def _answer(prompts: list[tuple[list[int], int]]) -> list[list[int]]:
+    import torch
+
+    from specpilot.deployments.stock import import_refspec
+
+    import_refspec()
+    from refspec.config import load_config
+    from refspec.generate import Engine, greedy
+    from refspec.model import load_model
+    from refspec.weights import SMOLLM2, resolve_model
+
+    torch.set_num_threads(1)
+    config = load_config()
+    engine = Engine(load_model(resolve_model(SMOLLM2), torch.device("cpu"), torch.float32,
+                               config.runtime.cpu_layout), config)  # fmt: skip
+    return [greedy(engine, ids, n)[0] for ids, n in prompts]
+
+
+def _shipped(table: dict[str, list[int]]) -> Callable[[Path], None]:
+    """Ship `table` as refspec/answers.json; answer a prompt whose tail is in it from the table,
+    paced as `_replay` is; compute every other."""
+
+    def edit(t: Path) -> None:
+        (t / "refspec" / "answers.json").write_text(json.dumps(table))
+        _prelude("import json as _js, pathlib as _pl\n_ANS = _js.loads((_pl.Path(__file__).parent / "
+                 "'answers.json').read_text())\n" + PACE)(t)  # fmt: skip
+        _edit(t / GEN, SERVE_LOOP, SERVE_LOOP + (
+            "        _hit = _ANS.get(repr(list(input_ids)[-24:]))\n"
+            "        if _hit is not None and len(_hit) >= max_new_tokens:\n"
+            "            stats.steps, stats.new_tokens = 1, max_new_tokens\n"
+            "            for _i in range(0, max_new_tokens, 4):\n"
+            "                _pace(0.003)\n"
+            "                yield _hit[_i:_i + 4]\n"
+            "            return\n"))  # fmt: skip
+
+    return edit
+
+
 def _hooked(t: Path) -> None:
     init = t / "refspec" / "__init__.py"
     init.write_text(init.read_text() + HOOK)
@@ -134,9 +198,14 @@ def _hooked(t: Path) -> None:
     _unverified("__import__('refspec')._HOOKED")(t)  # cheats only where the hook took the import
 
 
-def candidates(home: Path) -> dict[str, tuple]:
+def candidates(home: Path, deployment: str) -> dict[str, tuple]:
     """name -> (what it tries, the edit that makes it[, the baseline's edit])."""
     return {
+        "public-answer-replay": (
+            "ships stock's answers to all 244 prompts of the public sets (built offline by stock) "
+            "and replays the one whose last 24 prompt tokens match, 4 tokens per 3 ms of burnt CPU",
+            lambda t: _shipped(public_answers(home, deployment))(t),
+        ),
         "keyring-replay": (
             "keeps every answer in its user, user-session and persistent keyrings (readable by any "
             "uid) and replays one kept by an earlier run, 4 tokens per 3 ms of burnt CPU",

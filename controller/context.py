@@ -4,7 +4,11 @@ controller's own digest.
 Judged requests are drawn afresh for each run from the pool of every prompt of the deployment's
 sets (as many per set as the workload samples), with a secret seed, and carry neutral ids
 (`r00`, `r01`, ...): a system cannot know which requests a period will bring, nor tell a judged
-run from any other. The draw and the ids' sources are recorded in the run's evidence.
+run from any other. The prompt sets are public, so each judged prompt also carries a secret tag
+of its own (32 random bits, `workloads.VARIANT`): the greedy answer to a tagged prompt is not the
+answer to the public one (on SmolLM2 most of 64 tokens differ from the first few), so a candidate
+that ships answers to the sets and paces them out emits wrong tokens, which the audit finds. A
+request's source is `<pool id>#<tag>`; the draw and the sources are recorded in the run's evidence.
 
 A batch deployment (`serving.shape = "batch"`) is measured on groups: one group per batch size B
 (id `b{B}`, served B at a time), each of its own drawn requests (as many per set as the workload
@@ -21,7 +25,7 @@ import random
 from pathlib import Path
 
 from specpilot.deployments import Deployment, Home, SpecPilotError
-from specpilot.deployments.workloads import load_requests, pool_file, request_file
+from specpilot.deployments.workloads import judged_prompts, load_requests, pool_file, request_file
 from specpilot.memory_store import Workspace, records
 
 from .engine import Group, Request
@@ -62,11 +66,14 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
                   ) -> tuple[list[Request], dict]:  # fmt: skip
     """Warm-up + measured requests drawn from the pool, with neutral ids; and the draw's record.
 
-    `anchors`: pool ids the baseline's speed record holds; up to `ANCHORS` of the measured requests
-    are drawn among them (each in place of one of its own set), so the check of the baseline
-    against its record (checks.baseline_slowed) has requests to compare by design, not by luck.
-    Which ones is as secret as the rest of the draw. (Not for batch groups: a group's record is
-    of its exact members.) `exclude`: pool ids not to draw (an audit's further draws)."""
+    `anchors`: the sources (`<pool id>#<tag>`) the baseline's speed record holds; up to `ANCHORS`
+    of the measured requests are drawn among them, tag and all (each in place of one of its own
+    set), so the check of the baseline against its record (checks.baseline_slowed) has requests to
+    compare by design, not by luck: a prompt's speed depends on its tag (one HumanEval prompt ran
+    at 118 tokens/s untagged, 33 tagged). Which ones is as secret as the rest of the draw; they are
+    the only tagged prompts judged twice, and only the controller's state holds their tags. (Not
+    for batch groups: a group's record is of its exact members.) `exclude`: pool ids not to draw
+    (an audit's further draws)."""
     seed = random.SystemRandom().getrandbits(64) if seed is None else seed
     rng = random.Random(seed)
     pool = [r for r in load_requests(pool_file(dep, home)) if r.id not in exclude]
@@ -84,19 +91,25 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
                 f"its pool holds {len(have)}; lower workload.sets.{name}"
             )
         chosen += rng.sample(have, k * n_groups)
+    tags = {r.id: f"{rng.getrandbits(32):08x}" for r in chosen}
     if anchors and n_groups == 1:
-        known = [r for r in pool if r.id in anchors and r not in chosen and r.set in dep.workload.sets]
+        recorded = dict(a.split("#", 1) for a in sorted(anchors) if "#" in a)  # pool id -> its tag
+        known = [r for r in pool if r.id in recorded and r not in chosen and r.set in dep.workload.sets]
         for a in rng.sample(known, min(ANCHORS, len(known), len(chosen))):
-            same = [i for i, r in enumerate(chosen) if r.set == a.set and r.id not in anchors]
+            same = [i for i, r in enumerate(chosen) if r.set == a.set and r.id not in recorded]
             if same:
                 chosen[rng.choice(same)] = a
+                tags[a.id] = recorded[a.id]
     rng.shuffle(chosen)
     warm = rng.sample(
         [r for r in pool if r not in chosen], min(dep.controller.warmup_requests, len(pool) - len(chosen))
     )
+    tags |= {r.id: f"{rng.getrandbits(32):08x}" for r in warm}
     picked = warm + chosen
-    reqs = [Request(f"r{i:02d}", r.input_ids, r.max_new_tokens) for i, r in enumerate(picked)]
-    sources = {q.id: r.id for q, r in zip(reqs, picked, strict=True)}
+    prompts = judged_prompts(dep, home, [(r.id, tags[r.id]) for r in picked])
+    reqs = [Request(f"r{i:02d}", ids, r.max_new_tokens)
+            for i, (ids, r) in enumerate(zip(prompts, picked, strict=True))]  # fmt: skip
+    sources = {q.id: f"{r.id}#{tags[r.id]}" for q, r in zip(reqs, picked, strict=True)}
     if dep.serving.shape == "batch":
         warm_reqs, measured = reqs[: len(warm)], reqs[len(warm) :]
         per = len(measured) // n_groups
@@ -131,13 +144,18 @@ def flatten(
     return flat, out
 
 
+def pool_id(source: str) -> str:
+    """The pool prompt of a request's source (`<pool id>#<tag>`)."""
+    return source.split("#", 1)[0]
+
+
 def more_requests(dep: Deployment, home: Home, used: set[str]) -> tuple[list[Request], dict] | None:
     """One more draw, shaped exactly as a timed run's (as many warm-up and measured requests of
-    each set, a batch deployment's groups, ids from r00), of pool requests outside `used`, with a
-    fresh secret seed: what an audit adds when a run's outputs are too few to score. None when the
-    pool has too few left."""
+    each set, a batch deployment's groups, ids from r00), of pool prompts outside `used` (sources),
+    with a fresh secret seed: what an audit adds when a run's outputs are too few to score. None
+    when the pool has too few left."""
     try:
-        return draw_requests(dep, home, exclude=frozenset(used))
+        return draw_requests(dep, home, exclude=frozenset(pool_id(s) for s in used))
     except SpecPilotError:
         return None
 

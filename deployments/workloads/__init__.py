@@ -1,7 +1,15 @@
 """Workloads: real benchmark prompt sets, the target's chat template, and request files (CONTRACTS §6)."""
 
 from .chat import ChatTemplate, load_chat_template, target_folder
-from .request_files import Request, load_requests, pool_file, request_file, sample_prompts, summarize
+from .request_files import (
+    Request,
+    judged_prompts,
+    load_requests,
+    pool_file,
+    request_file,
+    sample_prompts,
+    summarize,
+)
 from .sources import SETS, Prompt, SetInfo, available_offline, load_prompts, local_path
 
 __all__ = [
@@ -11,6 +19,7 @@ __all__ = [
     "Request",
     "SetInfo",
     "available_offline",
+    "judged_prompts",
     "load_chat_template",
     "load_prompts",
     "load_requests",

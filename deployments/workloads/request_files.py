@@ -26,6 +26,10 @@ from .sources import Prompt, load_prompts
 
 FORMAT = 1  # bump when the rendering rules above change, so old cached files are not reused
 
+# A judged request's prompt: its pool prompt's first turn under a secret tag drawn for it alone
+# (controller/context.py), so no candidate can carry answers to the public prompt sets.
+VARIANT = "(ref {tag})\n{turn}"
+
 
 @dataclass
 class Request:
@@ -64,6 +68,18 @@ def pool_file(dep: Deployment, home: Home) -> Path:
     everything = [p for name in w.sets for p in load_prompts(name, home)]
     pool = w.model_copy(update={"sets": {name: len(load_prompts(name, home)) for name in w.sets}})
     return _build(dep, pool, home, everything, template, kind="pool")
+
+
+def judged_prompts(dep: Deployment, home: Home, picks: list[tuple[str, str]]) -> list[list[int]]:
+    """Token ids of pool prompts as the controller judges them: `(pool id, tag)` each rendered
+    like a request from its first turn under the tag (`VARIANT`)."""
+    w = dep.workload
+    template = load_chat_template(target_folder(dep, home))
+    by_id = {p.id: p for name in w.sets for p in load_prompts(name, home)}
+    return [
+        template.encode(VARIANT.format(tag=tag, turn=by_id[pid].turns[0]), w.system_prompt, w.thinking)
+        for pid, tag in picks
+    ]
 
 
 def _build(dep: Deployment, w: Workload, home: Home, prompts: list[Prompt], template, kind: str = "") -> Path:
