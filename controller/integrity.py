@@ -24,6 +24,7 @@ PACKAGE = CONTROLLER_DIR.parent
 JUDGE = [
     CONTROLLER_DIR,
     PACKAGE / "deployments" / "spec.py",
+    PACKAGE / "deployments" / "workloads",  # renders the judged prompts (their tags)
     PACKAGE / "memory_store" / "records.py",
     PACKAGE / "memory_store" / "models.py",
     PACKAGE / "memory_store" / "db.py",
