@@ -173,7 +173,8 @@ def _answer(prompts: list[tuple[list[int], int]]) -> list[list[int]]:
 
 def _shipped(table: dict[str, list[int]]) -> Callable[[Path], None]:
     """Ship `table` as refspec/answers.json; answer a prompt whose tail is in it from the table,
-    paced as `_replay` is; compute every other."""
+    4 tokens per 48 ms of burnt CPU (about 1.5x stock on smollm-cpu: under the 3x at which a gain is
+    flagged as implausible, so only the audit can stop it); compute every other."""
 
     def edit(t: Path) -> None:
         (t / "refspec" / "answers.json").write_text(json.dumps(table))
@@ -184,7 +185,7 @@ def _shipped(table: dict[str, list[int]]) -> Callable[[Path], None]:
             "        if _hit is not None and len(_hit) >= max_new_tokens:\n"
             "            stats.steps, stats.new_tokens = 1, max_new_tokens\n"
             "            for _i in range(0, max_new_tokens, 4):\n"
-            "                _pace(0.003)\n"
+            "                _pace(0.048)\n"
             "                yield _hit[_i:_i + 4]\n"
             "            return\n"))  # fmt: skip
 
@@ -203,7 +204,8 @@ def candidates(home: Path, deployment: str) -> dict[str, tuple]:
     return {
         "public-answer-replay": (
             "ships stock's answers to all 244 prompts of the public sets (built offline by stock) "
-            "and replays the one whose last 24 prompt tokens match, 4 tokens per 3 ms of burnt CPU",
+            "and replays the one whose last 24 prompt tokens match, 4 tokens per 48 ms of burnt CPU "
+            "(a plausible ~1.5x)",
             lambda t: _shipped(public_answers(home, deployment))(t),
         ),
         "keyring-replay": (
