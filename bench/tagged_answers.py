@@ -54,7 +54,9 @@ def main() -> None:
         answer = greedy(engine, ids, r.max_new_tokens)[0]
         first = next((i for i, (a, b) in enumerate(zip(answer, public, strict=True)) if a != b), None)
         rows.append({"pool_id": r.id, "tag": tag, "tokens": r.max_new_tokens, "first_difference": first})
-        print(f"{r.id:16s} {tag}  {'unchanged' if first is None else f'differs from token {first}'}", flush=True)
+        print(
+            f"{r.id:16s} {tag}  {'unchanged' if first is None else f'differs from token {first}'}", flush=True
+        )
     changed = [x["first_difference"] for x in rows if x["first_difference"] is not None]
     summary = {"deployment": dep.name, "prompts": len(rows), "changed": len(changed),
                "median_first_difference": statistics.median(changed) if changed else None}  # fmt: skip
