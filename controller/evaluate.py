@@ -369,16 +369,14 @@ def quick_compare(dep: Deployment, home: Home, baseline_rev: str, candidate_rev:
 
 
 def cost_report(dep: Deployment, home: Home, rev: str, *, max_requests: int | None = None) -> dict[str, Any]:
-    """The cost-model report of a system (profile on the first slot, exact replay of a recording
-    made on the second where there is one, side by side), as JSON data."""
+    """The cost-model report of a system (profile + exact replay on the first slot), as JSON data."""
     from specpilot.costmodel import measure
     from specpilot.deployments.workloads import request_file
 
     ws = workspace(home, dep)
     system = checkout(ws.repo_dir, rev, ws.systems_cache)
-    slots = slots_of(dep)[:2]
-    with lease(home, slots):
-        report = measure(dep, home, tree=system.path, slot=str(slots[0]), requests=request_file(dep, home),
-                         system=system.tree, max_requests=max_requests,
-                         record_slot=str(slots[1]) if len(slots) > 1 else None)  # fmt: skip
+    s0 = slots_of(dep)[0]
+    with lease(home, [s0]):
+        report = measure(dep, home, tree=system.path, slot=str(s0), requests=request_file(dep, home),
+                         system=system.tree, max_requests=max_requests)  # fmt: skip
     return report.to_dict()

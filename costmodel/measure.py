@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from specpilot.deployments import Deployment, Home, SpecPilotError
@@ -29,35 +28,26 @@ def measure(
     budget: int | None = None,
     max_requests: int | None = None,
     reprobe: bool = False,
-    record_slot: str | None = None,
 ) -> CostReport:
     """Profile and record the system at `tree` on `slot` over `requests` (or read the given
     `profile` / `record` files), replay τ and decompose. The device's peaks come first: a CPU probe
-    never runs beside the system. With `record_slot` (another slot of the same kind) the recording,
-    which times nothing, runs there beside the profile. Profiles go to `<home>/runs/costmodel/`;
-    recordings are cached."""
+    never runs beside the system. Profiles go to `<home>/runs/costmodel/`; recordings are cached."""
     slot = slot or dep.devices.slots[0]
     if (profile is None or record is None) and (tree is None or requests is None):
         raise SpecPilotError(
             "the cost model needs a system tree and a request file, or --profile and --record"
         )
     device = device_spec(dep, home, refresh=reprobe)
-    with ThreadPoolExecutor(1) as side:
-        pending = None
-        if record is None and record_slot is not None:
-            pending = side.submit(cached_record, tree, record_slot, requests, home, model=dep.target.model)
-        if profile is not None:
-            prof = load_profile(profile)
-        else:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            out = home.runs / "costmodel" / f"{dep.name}-{stamp}" / "profile.json"
-            prof = run_profile(tree, slot, requests, out, home, max_requests=max_requests)
-        if record is not None:
-            records = load_records(record)
-        elif pending is not None:
-            records = pending.result()[1]
-        else:
-            records = cached_record(tree, slot, requests, home, model=dep.target.model)[1]
+    if profile is not None:
+        prof = load_profile(profile)
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = home.runs / "costmodel" / f"{dep.name}-{stamp}" / "profile.json"
+        prof = run_profile(tree, slot, requests, out, home, max_requests=max_requests)
+    if record is not None:
+        records = load_records(record)
+    else:
+        _, records = cached_record(tree, slot, requests, home, model=dep.target.model)
     records = label_sets(records, requests)
     want = budget or node_budget(prof)
     table = replay_table(records, sorted({*BUDGETS, want}))

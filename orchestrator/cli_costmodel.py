@@ -127,8 +127,6 @@ def costmodel(
         budget=budget,
         max_requests=max_requests,
         reprobe=reprobe,
-        # the recording (it times nothing) beside the profile, on the deployment's second slot
-        record_slot=dep.devices.slots[1] if slot is None and len(dep.devices.slots) > 1 else None,
     )
     emit(c, report.to_dict(), lambda con: render_report(con, report))
 
