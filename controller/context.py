@@ -5,10 +5,12 @@ Judged requests are drawn afresh for each run from the pool of every prompt of t
 sets (as many per set as the workload samples), with a secret seed, and carry neutral ids
 (`r00`, `r01`, ...): a system cannot know which requests a period will bring, nor tell a judged
 run from any other. The prompt sets are public, so each judged prompt also carries a secret tag
-of its own (32 random bits, `workloads.VARIANT`): the greedy answer to a tagged prompt is not the
-answer to the public one (on SmolLM2 most of 64 tokens differ from the first few), so a candidate
-that ships answers to the sets and paces them out emits wrong tokens, which the audit finds. A
-request's source is `<pool id>#<tag>`; the draw and the sources are recorded in the run's evidence.
+of its own (32 random bits, `workloads.VARIANT`): the greedy answer to a tagged prompt is mostly
+not the answer to the public one (SmolLM2, 64 tokens: 17 of 24 answers differ, from the 19th token
+at the median; bench/tagged_answers.py), so a candidate that ships answers to the sets and paces
+them out emits wrong tokens, which the audit finds. (An answer a tag does not move could still be
+shipped: see docs/BENCHMARKS.md, "Secret tags".) A request's source is `<pool id>#<tag>`; the
+draw and the sources are recorded in the run's evidence.
 
 A batch deployment (`serving.shape = "batch"`) is measured on groups: one group per batch size B
 (id `b{B}`, served B at a time), each of its own drawn requests (as many per set as the workload
