@@ -43,9 +43,11 @@ def test_each_judged_prompt_carries_a_tag_of_its_own(home):
         public = pool[m["pool"]]
         assert q.input_ids != public.input_ids and q.max_new_tokens == public.max_new_tokens
         text = tokenizer.decode(q.input_ids, skip_special_tokens=False)
-        assert f"(ref {m['tag']})\n" in text
-        # The public prompt's turn is all there, after the tag: the workload is the same question.
-        assert tokenizer.decode(public.input_ids[-12:], skip_special_tokens=False) in text
+        # The public prompt, word for word, with the tag's line before its turn: the same question.
+        assert text.count(f"(ref {m['tag']})\n") == 1
+        assert text.replace(f"(ref {m['tag']})\n", "") == tokenizer.decode(
+            public.input_ids, skip_special_tokens=False
+        )
         tags.append(m["tag"])
     assert len(set(tags)) == len(tags)
     # Another draw: fresh tags, none seen before (2^32 of them).
