@@ -154,20 +154,11 @@ def public_answers(home: Path, deployment: str) -> dict[str, list[int]]:
 
 
 def _answer(prompts: list[tuple[list[int], int]]) -> list[list[int]]:
-    import torch
+    from tagged_answers import stock_engine
 
-    from specpilot.deployments.stock import import_refspec
+    engine = stock_engine()
+    from refspec.generate import greedy
 
-    import_refspec()
-    from refspec.config import load_config
-    from refspec.generate import Engine, greedy
-    from refspec.model import load_model
-    from refspec.weights import SMOLLM2, resolve_model
-
-    torch.set_num_threads(1)
-    config = load_config()
-    engine = Engine(load_model(resolve_model(SMOLLM2), torch.device("cpu"), torch.float32,
-                               config.runtime.cpu_layout), config)  # fmt: skip
     return [greedy(engine, ids, n)[0] for ids, n in prompts]
 
 

@@ -25,6 +25,20 @@ from specpilot.deployments.stock import import_refspec
 from specpilot.deployments.workloads import judged_prompts, load_requests, pool_file
 
 
+def stock_engine():
+    """Stock refspec's CPU engine on SmolLM2 (fp32, one thread, stock's knobs), in this process."""
+    import_refspec()
+    from refspec.config import load_config
+    from refspec.generate import Engine
+    from refspec.model import load_model
+    from refspec.weights import SMOLLM2, resolve_model
+
+    torch.set_num_threads(1)
+    config = load_config()
+    return Engine(load_model(resolve_model(SMOLLM2), torch.device("cpu"), torch.float32,
+                             config.runtime.cpu_layout), config)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--deployment", default="smollm-cpu")
@@ -32,11 +46,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    import_refspec()
-    from refspec.config import load_config
-    from refspec.generate import Engine, greedy
-    from refspec.model import load_model
-    from refspec.weights import SMOLLM2, resolve_model
+    engine = stock_engine()
+    from refspec.generate import greedy
 
     home = Home.resolve(None)
     dep = load_deployment(args.deployment, home)
@@ -44,10 +55,6 @@ def main() -> None:
     pool = rng.sample(load_requests(pool_file(dep, home)), args.prompts)
     tags = [f"{rng.getrandbits(32):08x}" for _ in pool]
     tagged = judged_prompts(dep, home, [(r.id, t) for r, t in zip(pool, tags, strict=True)])
-    torch.set_num_threads(1)
-    config = load_config()
-    engine = Engine(load_model(resolve_model(SMOLLM2), torch.device("cpu"), torch.float32,
-                               config.runtime.cpu_layout), config)  # fmt: skip
     rows = []
     for r, tag, ids in zip(pool, tags, tagged, strict=True):
         public = greedy(engine, r.input_ids, r.max_new_tokens)[0]
