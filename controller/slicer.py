@@ -12,7 +12,8 @@ time its system ran between sending and its last token (`active`): frozen time i
 A turn's length is drawn between half and one and a half `slice_s`, so a system cannot time the
 end of its turn (to leave the core's caches spoiled for the other, say).
 
-When one system has nothing left to serve on a core, the other keeps the core until it is done.
+When one system has served everything on a core, it is frozen at once (not at its turn's end) and
+the other keeps the core until it is done.
 What runs on while a system is frozen — a sleep, a disk read — is not counted against it, so a
 system that waits instead of computing is favoured; on a CPU slot that is no way to make tokens,
 and the work check (checks.py) flags tokens made without compute.
@@ -68,9 +69,12 @@ class Slicer:
             self.cores[key] = _Core(dict(systems), {lb: [] for lb in systems})
 
     def finish(self, key: str, label: str) -> None:
-        """`label` has served everything on `key`: the other system may keep the core."""
+        """`label` has served everything on `key`: the core goes to the other system now."""
         with self.lock:
-            self.cores[key].done.add(label)
+            core = self.cores[key]
+            core.done.add(label)
+            if core.running == label:
+                self._give(core, label)
 
     def detach(self, key: str) -> dict[str, list[list[float]]]:
         """Stop slicing `key` (every system left frozen); the intervals each label ran."""
@@ -86,16 +90,19 @@ class Slicer:
         while not self.stopped.is_set():
             with self.lock:
                 for core in self.cores.values():
-                    want = self.order[phase % len(self.order)]
-                    if want in core.done or want not in core.systems:
-                        left = [lb for lb in self.order if lb in core.systems and lb not in core.done]
-                        want = left[0] if left else None
-                    try:
-                        self._switch(core, want)
-                    except OSError as e:  # the cgroup could not be frozen: the period fails
-                        core.errors.append(e)
+                    self._give(core, self.order[phase % len(self.order)])
             phase += 1
             self.stopped.wait(self.slice_s * self.rng.uniform(0.5, 1.5))
+
+    def _give(self, core: _Core, want: str) -> None:
+        """Run `want` on `core`, or the first label with work left if `want` has none."""
+        if want in core.done or want not in core.systems:
+            left = [lb for lb in self.order if lb in core.systems and lb not in core.done]
+            want = left[0] if left else None
+        try:
+            self._switch(core, want)
+        except OSError as e:  # the cgroup could not be frozen: the period fails
+            core.errors.append(e)
 
     @staticmethod
     def _switch(core: _Core, want: str | None) -> None:
