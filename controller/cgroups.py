@@ -129,13 +129,13 @@ class Cgroup:
         return int((d / "cpuacct.usage").read_text()) / 1e9
 
     def pids(self) -> list[int]:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, KeyError):  # KeyError: a v1 set left half made
             return [int(p) for p in (self.dirs["cpuacct"] / "cgroup.procs").read_text().split()]
         return []
 
     def remove(self) -> None:
         """Kill what is left inside and remove the folders (a cgroup with tasks cannot go)."""
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, KeyError):
             self.freeze(False, timeout_s=1.0)
         for _ in range(200):
             left = self.pids()

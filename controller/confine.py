@@ -41,6 +41,15 @@ RUN_UIDS = (1 << 24, 1 << 31)
 FSIZE = 256 << 20  # the largest file a system may write (its log included)
 
 
+NO_CGROUP = (
+    "no cgroup can be made here (/sys/fs/cgroup is not writable, or lacks cpuset, freezer and cpuacct), so "
+    "a system's helpers could compute off its cores and outside its turn unseen, and the controller will "
+    "not judge: run as root where /sys/fs/cgroup is writable (cgroup v2 with this process at its root, "
+    'or v1 cpuset+freezer+cpuacct), or set controller.cgroups = "optional" in the deployment to judge '
+    "without them, every verdict saying so"
+)
+
+
 def fresh_uid() -> int:
     """A user id no account and no live process holds: this run's own."""
     rng = random.SystemRandom()
@@ -83,8 +92,9 @@ def _device_groups() -> list[int]:
 
 
 def confine(cmd: list[str], *, tree: Path, binds: list[tuple[Path, str, str]], home: Home,
-            env: dict[str, str], cpus: set[int] | None) -> Launch:  # fmt: skip
-    """The launcher command that runs `cmd` confined, with `tree` at /system and `binds` (src, dst, ro|rw)."""
+            env: dict[str, str], cpus: set[int] | None, cgroups: str = "required") -> Launch:  # fmt: skip
+    """The launcher command that runs `cmd` confined, with `tree` at /system and `binds` (src, dst, ro|rw).
+    `cgroups`: "required" refuses where no cgroup can be made; "optional" runs without one."""
     check_available()
     for src in [tree, *(s for s, _, _ in binds)]:
         share(src)
@@ -106,12 +116,14 @@ def confine(cmd: list[str], *, tree: Path, binds: list[tuple[Path, str, str]], h
         "fsize": FSIZE,
         "env": env | {"HOME": HOME_IN, "TMPDIR": "/tmp", "USER": "system", "LOGNAME": "system"},
     }
-    spec_path = work / "spec.json"
-    spec_path.write_text(json.dumps(spec))
     cgroup = Cgroup.create(cpus)
+    if cgroup is None and cgroups == "required":
+        shutil.rmtree(work, ignore_errors=True)
+        raise SpecPilotError(NO_CGROUP)
     if cgroup is not None:
         spec["cgroups"] = cgroup.procs
-        spec_path.write_text(json.dumps(spec))
+    spec_path = work / "spec.json"
+    spec_path.write_text(json.dumps(spec))
     return Launch(
         [sys.executable, "-I", str(JAIL), str(spec_path), "--", *cmd], spec_path, cgroup, spec["env"], uid
     )

@@ -41,6 +41,12 @@ from .stats import MIN_LOOK, decide, look_levels, paired_stats, pooled_sd, sigma
 from .systems import CandidateRefused, SystemTree, apply_candidate, checkout, tree_of
 
 Progress = Callable[[str], None]
+# Said in every verdict judged where no cgroup could be made (controller.cgroups = "optional").
+UNCONFINED = (
+    'judged without cgroups (controller.cgroups = "optional"): each system\'s cores by affinity, '
+    "its turns by process-group signals, its CPU time from /proc; the work check after its "
+    "last request did not run"
+)
 MAX_DISTURBED = 0.25  # share of blocks that may be set aside for other load before a run gets no verdict
 
 
@@ -309,6 +315,8 @@ def compare(
         if result.reasons or fatal:
             verdict, res = _look(run, quiet, k_max, sd, c, True, fatal + result.reasons, prev)
     sigma = sigma_for(sd, len(quiet))
+    if any(u.get("cpuset") is False for p in run.periods for u in p.usage.values()):
+        verdict.notes.append(UNCONFINED)
     evidence = {
         "design": run.design, "block_gains": res.block_gains, "n": res.n, "log_sd": res.log_sd,
         "request_gains": [[round(math.exp(r.log_ratio()), 5) for r in blk] for blk in quiet],

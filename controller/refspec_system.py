@@ -128,7 +128,8 @@ class RefspecAdapter:
                 env[var] = os.environ[var]
         binds = [(weights, inside, "ro"), (cc, f"{CACHE}/compile", "rw" if prepare else "ro")]
         cpus = slot.host_cores()
-        launch = confine(cmd, tree=path, binds=binds, home=self.home, env=env, cpus=cpus)
+        launch = confine(cmd, tree=path, binds=binds, home=self.home, env=env, cpus=cpus,
+                         cgroups=self.dep.controller.cgroups)  # fmt: skip
         if prepare:
             hand_to(cc, launch)
         return JsonLinesSystem(LineProcess(launch, cwd=path, log=log, cpus=cpus))

@@ -134,6 +134,11 @@ class ControllerSettings(_Strict):
     # How A and B share the slots (controller/paired.py): "auto" = sliced on CPU slots (both
     # systems on every core, in ~50 ms turns), on GPUs swapped with two slots, interleaved with one.
     design: Literal["auto", "sliced", "swapped", "interleaved"] = "auto"
+    # Each system runs in a cgroup of its own (cores, freezer, CPU time over every thread and child);
+    # where none can be made the controller refuses to judge. "optional" judges there with affinity,
+    # process-group signals and /proc accounting instead, and says so in every verdict (a machine
+    # lent without a writable /sys/fs/cgroup, like the H200 this project is lent).
+    cgroups: Literal["required", "optional"] = "required"
 
 
 class Deployment(_Strict):

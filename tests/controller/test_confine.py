@@ -224,3 +224,66 @@ def test_a_frozen_system_dies_with_its_controller(world):
     assert not procs.exists() or not procs.read_text().split()
     for d in Path("/sys/fs/cgroup").glob(f"*/{Path(got['freezer']).name}"):
         d.rmdir()
+
+
+# A machine without a writable cgroup, made for real: a mount namespace of its own in which every
+# cgroup mount is read-only (so on the lent H200, where /sys/fs/cgroup is not writable).
+READ_ONLY_CGROUPS = (
+    "awk '$3 ~ /^cgroup/ {print $2}' /proc/self/mounts | while read -r m; do mount -o remount,bind,ro \"$m\" || exit 9; "
+    'done; exec "$0" "$@"'
+)
+NO_CGROUP_RUN = r"""
+import json, subprocess, sys
+from pathlib import Path
+from specpilot.controller.confine import confine
+from specpilot.deployments import Home, SpecPilotError
+tree, home, mode = Path(sys.argv[1]), Home(Path(sys.argv[2])), sys.argv[3]
+try:
+    launch = confine([sys.executable, "-I", "-c", "print(open('/proc/self/uid_map').read().split()[1])"],
+                     tree=tree, binds=[], home=home,
+                     env={"PATH": "/usr/bin:/bin"}, cpus={0}, cgroups=mode)
+except SpecPilotError as e:
+    print(json.dumps({"refused": str(e)}))
+    sys.exit(0)
+try:
+    run = subprocess.run(launch.argv, env=launch.env, capture_output=True, text=True, timeout=60)
+    print(json.dumps({"cgroup": launch.cgroup is not None, "rc": run.returncode, "out": run.stdout.strip()}))
+finally:
+    launch.cleanup()
+"""
+
+
+def _without_cgroups(world, tmp_path: Path, mode: str) -> dict:
+    home, tree, _ = world
+    jails = tmp_path / "jails"
+    jails.mkdir()
+    proc = subprocess.run(["unshare", "--mount", "sh", "-c", READ_ONLY_CGROUPS, sys.executable, "-c", NO_CGROUP_RUN,
+                           str(tree), str(home.root), mode], env=os.environ | {"TMPDIR": str(jails)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert not list(jails.iterdir()), "nothing of the launch is left behind"
+    return json.loads(proc.stdout)
+
+
+needs_mounts = pytest.mark.skipif(
+    os.geteuid() != 0 or not CGROUPS, reason="needs root (a mount namespace) and a cgroup hierarchy to hide"
+)
+
+
+@needs_mounts
+def test_no_cgroup_refuses_in_one_line_naming_the_fix(world, tmp_path):
+    got = _without_cgroups(world, tmp_path, "required")
+    assert "\n" not in got["refused"]
+    assert got["refused"].startswith("no cgroup can be made here")
+    assert (
+        "/sys/fs/cgroup is writable" in got["refused"] and 'controller.cgroups = "optional"' in got["refused"]
+    )
+
+
+@needs_mounts
+def test_a_deployment_that_opts_out_runs_confined_without_a_cgroup(world, tmp_path):
+    got = _without_cgroups(world, tmp_path, "optional")
+    assert got == {"cgroup": False, "rc": 0, "out": got["out"]}
+    assert RUN_UIDS[0] <= int(got["out"]) < RUN_UIDS[1], (
+        "still a user of its own, in a user namespace of its own"
+    )

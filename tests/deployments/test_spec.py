@@ -110,6 +110,16 @@ def test_paired_design_follows_the_slots_and_a_wrong_one_is_named(tmp_path):
     assert load_deployment_file(_write(tmp_path, "smollm-cpu", one)).design == "interleaved"
 
 
+def test_cgroups_are_required_unless_a_deployment_opts_out_by_name(tmp_path):
+    """Judging without cgroups is a per-deployment choice, spelled out; nothing else is accepted."""
+    assert load_deployment("smollm-cpu").controller.cgroups == "required"
+    assert load_deployment("qwen27b-h100").controller.cgroups == "required"
+    assert load_deployment("smollm-h200").controller.cgroups == "optional"  # the lent H200 has none
+    text = _base_text().replace("[controller]", '[controller]\ncgroups = "sometimes"')
+    with pytest.raises(SpecPilotError, match=r"controller\.cgroups.*'required' or 'optional'"):
+        load_deployment_file(_write(tmp_path, "smollm-cpu", text))
+
+
 def test_name_must_match_file(tmp_path):
     p = _write(tmp_path, "other", _base_text())
     with pytest.raises(SpecPilotError, match=r"must match the file name 'other'"):
