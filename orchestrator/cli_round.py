@@ -60,6 +60,8 @@ def round_(
 
         def progress(step: str, msg: str, t0: float = t0, line: Text = line) -> None:
             line.plain = f"[{time.monotonic() - t0:6.0f}s] {step}: {msg}"
+            if not console.is_terminal:  # Live draws nothing into a log or pipe: a line per step there
+                console.print(line.plain, highlight=False, soft_wrap=True)
 
         if c.json:
             rnd = start_or_resume(dep, c.home, agent, resume if k == 0 else None, lambda *_: None, options,

@@ -73,6 +73,8 @@ def test_round_kill_resume_then_second_round(tmp_path):
         assert proc.poll() is None, proc.stderr.read().decode()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    log = proc.stdout.read().decode()  # into a pipe, progress comes as a line per step, with seconds
+    assert re.search(r"^\[\s*\d+s\] phase0: ", log, re.M) and "s] evaluate: direction 0" in log, log
     before = _round_state(home, 1)
     assert before["status"] == "running"
     judged = dict(before["evaluations"])
