@@ -1,13 +1,16 @@
 """How often a judged prompt's secret tag changes stock's answer (issue 39, controller/context.py).
 
     python bench/tagged_answers.py [--deployment smollm-cpu] [--prompts 24] [--seed 0] [--json OUT]
+                                   [--variant '{turn}\n(ref {tag})']
 
 Samples prompts from the deployment's public pool, renders each as the controller judges it (under
 a random tag, `workloads.judged_prompts`) and as published (the pool's ids), runs stock refspec's
 greedy decoding on both in this process (one CPU thread, the deployment's max_new_tokens), and
 reports the share of answers that differ and where they first differ. An answer the tag does not
 change is one a candidate could ship in advance for that prompt: the share unchanged is what tags
-leave open. Times nothing.
+leave open. `--variant` renders the tag another way (a format of `tag` and `turn`; default the
+controller's own, `workloads.VARIANT`), to see which form leaves the fewest answers unchanged.
+Times nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ import torch
 
 from specpilot.deployments import Home, load_deployment
 from specpilot.deployments.stock import import_refspec
-from specpilot.deployments.workloads import judged_prompts, load_requests, pool_file
+from specpilot.deployments.workloads import (
+    load_chat_template,
+    load_prompts,
+    load_requests,
+    pool_file,
+    target_folder,
+)
+from specpilot.deployments.workloads.request_files import VARIANT
 
 
 def stock_engine():
@@ -45,7 +55,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--variant", default=VARIANT, help="how a tag is put into the first turn (\\n: a newline)"
+    )
     args = ap.parse_args()
+    args.variant = args.variant.replace("\\n", "\n")
     engine = stock_engine()
     from refspec.generate import greedy
 
@@ -54,7 +68,11 @@ def main() -> None:
     rng = random.Random(args.seed)
     pool = rng.sample(load_requests(pool_file(dep, home)), args.prompts)
     tags = [f"{rng.getrandbits(32):08x}" for _ in pool]
-    tagged = judged_prompts(dep, home, [(r.id, t) for r, t in zip(pool, tags, strict=True)])
+    w = dep.workload
+    template = load_chat_template(target_folder(dep, home))
+    by_id = {p.id: p for name in w.sets for p in load_prompts(name, home)}
+    tagged = [template.encode(args.variant.format(tag=t, turn=by_id[r.id].turns[0]), w.system_prompt, w.thinking)
+              for r, t in zip(pool, tags, strict=True)]  # fmt: skip
     rows = []
     for r, tag, ids in zip(pool, tags, tagged, strict=True):
         public = greedy(engine, r.input_ids, r.max_new_tokens)[0]
@@ -65,7 +83,7 @@ def main() -> None:
             f"{r.id:16s} {tag}  {'unchanged' if first is None else f'differs from token {first}'}", flush=True
         )
     changed = [x["first_difference"] for x in rows if x["first_difference"] is not None]
-    summary = {"deployment": dep.name, "prompts": len(rows), "changed": len(changed),
+    summary = {"deployment": dep.name, "variant": args.variant, "prompts": len(rows), "changed": len(changed),
                "median_first_difference": statistics.median(changed) if changed else None}  # fmt: skip
     print(json.dumps(summary))
     if args.json:
