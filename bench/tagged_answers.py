@@ -25,14 +25,7 @@ import torch
 
 from specpilot.deployments import Home, load_deployment
 from specpilot.deployments.stock import import_refspec
-from specpilot.deployments.workloads import (
-    load_chat_template,
-    load_prompts,
-    load_requests,
-    pool_file,
-    target_folder,
-)
-from specpilot.deployments.workloads.request_files import VARIANT
+from specpilot.deployments.workloads import VARIANT, judged_prompts, load_requests, pool_file
 
 
 def stock_engine():
@@ -68,11 +61,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     pool = rng.sample(load_requests(pool_file(dep, home)), args.prompts)
     tags = [f"{rng.getrandbits(32):08x}" for _ in pool]
-    w = dep.workload
-    template = load_chat_template(target_folder(dep, home))
-    by_id = {p.id: p for name in w.sets for p in load_prompts(name, home)}
-    tagged = [template.encode(args.variant.format(tag=t, turn=by_id[r.id].turns[0]), w.system_prompt, w.thinking)
-              for r, t in zip(pool, tags, strict=True)]  # fmt: skip
+    tagged = judged_prompts(dep, home, [(r.id, t) for r, t in zip(pool, tags, strict=True)], args.variant)
     rows = []
     for r, tag, ids in zip(pool, tags, tagged, strict=True):
         public = greedy(engine, r.input_ids, r.max_new_tokens)[0]

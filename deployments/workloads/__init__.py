@@ -2,6 +2,7 @@
 
 from .chat import ChatTemplate, load_chat_template, target_folder
 from .request_files import (
+    VARIANT,
     Request,
     judged_prompts,
     load_requests,
@@ -18,6 +19,7 @@ __all__ = [
     "Prompt",
     "Request",
     "SetInfo",
+    "VARIANT",
     "available_offline",
     "judged_prompts",
     "load_chat_template",

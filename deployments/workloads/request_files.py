@@ -70,14 +70,17 @@ def pool_file(dep: Deployment, home: Home) -> Path:
     return _build(dep, pool, home, everything, template, kind="pool")
 
 
-def judged_prompts(dep: Deployment, home: Home, picks: list[tuple[str, str]]) -> list[list[int]]:
+def judged_prompts(
+    dep: Deployment, home: Home, picks: list[tuple[str, str]], variant: str = VARIANT
+) -> list[list[int]]:
     """Token ids of pool prompts as the controller judges them: `(pool id, tag)` each rendered
-    like a request from its first turn under the tag (`VARIANT`)."""
+    like a request from its first turn under the tag (`variant`: the controller's `VARIANT`; a
+    benchmark may try another form)."""
     w = dep.workload
     template = load_chat_template(target_folder(dep, home))
     by_id = {p.id: p for name in w.sets for p in load_prompts(name, home)}
     return [
-        template.encode(VARIANT.format(tag=tag, turn=by_id[pid].turns[0]), w.system_prompt, w.thinking)
+        template.encode(variant.format(tag=tag, turn=by_id[pid].turns[0]), w.system_prompt, w.thinking)
         for pid, tag in picks
     ]
 
