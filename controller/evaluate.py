@@ -141,6 +141,7 @@ def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev
     ws = workspace(home, dep)
     stock = checkout(ws.repo_dir, rev, ws.systems_cache)
     reqs, draw = draw_requests(dep, home)
+    t0 = time.monotonic()
     try:
         run_id, raw, run = _blocks(dep, home, db, "noise", stock, stock, reqs, progress,
                                    fixed=blocks or dep.controller.blocks, keep_going=lambda *_: False)  # fmt: skip
@@ -166,7 +167,8 @@ def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev
     )
     figures = {"design": run.design, "slots": slots, "runs": runs, "pooled_sd": sd, "df": df, "sigma": sigma_for(sd, len(quiet)),
                "gain": res.gain, "lower_bound": res.lower_bound, "n": res.n, "run_id": run_id, "tree": stock.tree,
-               "violations": checks.violations(run), "set_aside": len(run.blocks) - len(quiet), "draw": draw}  # fmt: skip
+               "violations": checks.violations(run), "set_aside": len(run.blocks) - len(quiet), "draw": draw,
+               "seconds": time.monotonic() - t0}  # fmt: skip
     records.finish_run(db, run_id, summary=figures, raw_path=str(raw))
     records.set_state(db, dep.name, "noise", figures)
     records.set_state(db, dep.name, "controller_digest", dig)
@@ -210,10 +212,12 @@ def compare(
     *,
     blocks: int | None = None,
     audit_output: bool = True,
+    budget_s: float | None = None,
     progress: Progress = lambda _: None,
 ) -> Evaluation:
     """Measure a candidate against a baseline (sequentially, or `blocks` blocks), audit its output,
-    and store the verdict."""
+    and store the verdict. `budget_s`: measure at most this long, if less than the deployment's
+    budget (what a round has left for this comparison)."""
     db = connect(home)
     digest(db, dep, home)
     noise = noise_state(db, dep)
@@ -231,6 +235,7 @@ def compare(
         dep, home, anchors=frozenset(record) if isinstance(record, dict) else frozenset()
     )
     c = dep.controller
+    budget = c.budget_s if budget_s is None else max(0.0, min(c.budget_s, budget_s))
     sd = float(noise["pooled_sd"])
     state: dict[str, Any] = {}
 
@@ -245,14 +250,15 @@ def compare(
             return False
         if len(quiet) < MIN_LOOK:  # a verdict needs MIN_LOOK quiet blocks, whatever the budget
             return len(run.blocks) < c.max_blocks
-        final = elapsed >= c.budget_s or len(run.blocks) >= c.max_blocks
+        final = elapsed >= budget or len(run.blocks) >= c.max_blocks
+        state["cut"] = budget < c.budget_s and elapsed >= budget and len(run.blocks) < c.max_blocks
         if (
             "k_max" not in state
         ):  # planned looks: fixed at the first look from the blocks' pace (not their gains)
             (t0, n0), (t1, n1) = state["t"][0], state["t"][-1]
             pace = (t1 - t0) / (n1 - n0) if n1 > n0 else t1 / n1  # seconds per block, start-up aside
             state["k_max"] = max(
-                MIN_LOOK, min(c.max_blocks, int(len(quiet) + (c.budget_s - elapsed) / max(pace, 1e-3)))
+                MIN_LOOK, min(c.max_blocks, int(len(quiet) + (budget - elapsed) / max(pace, 1e-3)))
             )
         prev = state.get("last", 0)  # the previous look's block count
         if len(quiet) == prev:  # no quiet block since that look (all disturbed): no α to spend on a look
@@ -317,6 +323,10 @@ def compare(
     sigma = sigma_for(sd, len(quiet))
     if any(u.get("cpuset") is False for p in run.periods for u in p.usage.values()):
         verdict.notes.append(UNCONFINED)
+    if state.get("cut") and not verdict.approved and not fatal:
+        verdict.notes.append(f"the round's judging budget ended it after {budget:.0f} s ({res.n} blocks; the "
+                             f"deployment's own budget is {c.budget_s:.0f} s): `specpilot controller compare` "
+                             f"judges it alone")  # fmt: skip
     evidence = {
         "design": run.design, "block_gains": res.block_gains, "n": res.n, "log_sd": res.log_sd,
         "request_gains": [[round(math.exp(r.log_ratio()), 5) for r in blk] for blk in quiet],

@@ -127,6 +127,10 @@ class ControllerSettings(_Strict):
     blocks: int = Field(default=6, ge=3)  # blocks of an A/A (stock noise) comparison
     budget_s: float = Field(default=600.0, gt=0)  # a comparison adds blocks until decided or this long
     max_blocks: int = Field(default=40, ge=3)  # ... or this many blocks
+    # A round's comparisons together measure about this long at most: each direction may measure
+    # until what is left, less one Phase 0 A/A comparison's time for each direction after it, so
+    # a marginal direction takes what the clear ones leave (orchestrator/round.py). None: budget_s each.
+    round_budget_s: float | None = Field(default=None, gt=0)
     warmup_requests: int = Field(default=1, ge=0)
     # An approval's audit scores at least this many output positions: the run's, topped up with
     # fresh pool requests run untimed (a rare defect may change none of a period's few requests).

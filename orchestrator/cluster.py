@@ -141,7 +141,7 @@ def run_job(kind: str, dep: Deployment, home: Home, ws: Workspace, job: dict[str
     if kind == "costmodel":
         return controller.cost_report(dep, home, job["rev"], max_requests=4)
     if kind == "compare":
-        ev = controller.compare(dep, home, job["baseline"], job["candidate"])
+        ev = controller.compare(dep, home, job["baseline"], job["candidate"], budget_s=job.get("budget_s"))
         return {"evaluation": sealing.evaluation_json(ev)}
     if kind == "direction":
         from .round import NodeRound

@@ -13,6 +13,7 @@ cluster (`cluster.py`) the steps that need device slots run on its nodes; the re
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ class Round:
         self.ws, _ = Workspace.init(home, dep)
         self.memory: Memory = open_memory(home)
         self.cluster = cluster  # orchestrator.cluster.Cluster, used through its methods only (it imports us)
+        self._judging_s = 0.0  # seconds this process spent in the round's comparisons (round_budget_s)
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -183,29 +185,49 @@ class Round:
 
     def evaluate(self) -> None:
         evals = self.state.evaluations
-        for i, d in enumerate(self.state.directions):
-            if str(i) in evals:
-                continue
-            patch = self.state.patches[str(i)]
+        todo = [i for i in range(len(self.state.directions)) if str(i) not in evals]
+        judged = [i for i in todo if "error" not in self.state.patches[str(i)]]
+        for i in todo:
+            d, patch = self.state.directions[i], self.state.patches[str(i)]
             if "error" in patch:
                 evals[str(i)] = {"approved": False, "reasons": [f"no patch: {patch['error']}"], "gain": None}
             else:
                 self.progress("evaluate", f"direction {i}: {d['title']}")
+                after = len(judged) - judged.index(i) - 1
                 evals[str(i)] = self.compare(self.state.baseline.commit, patch["branch"],
-                                             lambda m, i=i: self.progress("evaluate", f"direction {i}: {m}"))  # fmt: skip
+                                             lambda m, i=i: self.progress("evaluate", f"direction {i}: {m}"),
+                                             budget_s=self.judging_left(after))  # fmt: skip
             self.save()
 
+    def judging_left(self, after: int) -> float | None:
+        """What the deployment's round budget leaves the next comparison: the budget less what this
+        round's comparisons took, less one Phase 0 A/A comparison's time for each of the `after`
+        directions still to judge (each gets at least its first look). None: no round budget."""
+        budget = self.dep.controller.round_budget_s
+        if budget is None:
+            return None
+        noise = records.get_state(self.db, self.dep.name, "noise") or {}
+        return budget - self._judging_s - after * float(noise.get("seconds", 0.0))
+
     def compare(
-        self, baseline: str, candidate: str, progress: Callable[[str], None] = lambda _: None
+        self, baseline: str, candidate: str, progress: Callable[[str], None] = lambda _: None,
+        budget_s: float | None = None,
     ) -> dict[str, Any]:
-        """The controller's verdict on `candidate` against `baseline` (here, or on a node), as JSON."""
+        """The controller's verdict on `candidate` against `baseline` (here, or on a node), as JSON;
+        `budget_s` caps its measuring time (controller.compare), and its seconds count against the round's."""
+        t0 = time.monotonic()
+        try:
+            return self._compare(baseline, candidate, progress, budget_s)
+        finally:
+            self._judging_s += time.monotonic() - t0
+
+    def _compare(self, baseline: str, candidate: str, progress, budget_s: float | None) -> dict[str, Any]:
         if self.cluster is None:
-            return sealing.evaluation_json(
-                controller.compare(self.dep, self.home, baseline, candidate, progress=progress)
-            )
+            return sealing.evaluation_json(controller.compare(self.dep, self.home, baseline, candidate,
+                                                              budget_s=budget_s, progress=progress))  # fmt: skip
         b, c = (git_run(self.ws.repo_dir, "rev-parse", f"{r}^{{commit}}") for r in (baseline, candidate))
-        out = self._on_node("compare", f"{self.dep.name}:r{self.number}:compare:{b}:{c}", baseline=b,
-                                candidate=c, bundles={"baseline": self._bundle(b), "candidate": self._bundle(c)})  # fmt: skip
+        out = self._on_node("compare", f"{self.dep.name}:r{self.number}:compare:{b}:{c}", baseline=b, candidate=c,
+                            budget_s=budget_s, bundles={"baseline": self._bundle(b), "candidate": self._bundle(c)})  # fmt: skip
         return out["evaluation"]
 
     def combine(self) -> None:

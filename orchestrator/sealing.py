@@ -164,7 +164,7 @@ def combine(rnd: RoundView) -> dict[str, Any]:
     if len(applied) == 1:
         return single(best, dropped)
     rnd.progress("combine", f"judging the merge of directions {applied} against direction {best} alone")
-    ev = rnd.compare(st.patches[best]["branch"], f"cand/{name}")
+    ev = rnd.compare(st.patches[best]["branch"], f"cand/{name}", budget_s=rnd.judging_left(0))
     st.combination_eval = ev
     if ev["approved"]:
         tree = git_run(repo, "rev-parse", f"{commit}^{{tree}}")

@@ -13,7 +13,7 @@ import pytest
 from specpilot.agents.memory_backend import MemorySubAgent
 from specpilot.agents.protocol import Direction
 from specpilot.deployments import Home, load_deployment
-from specpilot.memory_store import builtin_bundles, open_memory, replay
+from specpilot.memory_store import builtin_bundles, open_memory, records, replay
 from specpilot.memory_store.workspace import Workspace
 from specpilot.orchestrator import sealing
 from specpilot.orchestrator.round import Round
@@ -89,3 +89,17 @@ def test_a_conflicting_patch_is_left_out_and_named_in_the_round(world):
     assert "left out: direction 1 (block 6): conflicts with direction 0 in refspec.toml" in " ".join(
         text.split()
     )
+
+
+def test_a_round_budget_leaves_each_later_direction_its_first_look(world):
+    """`controller.round_budget_s`: the next comparison may measure what the round's budget has left,
+    less one Phase 0 A/A comparison's time for each direction still to judge after it."""
+    home, _, ws, _ = world
+    dep = load_deployment("smollm-cpu")
+    base = {"commit": ws.commit("system"), "tree": ws.system_tree, "entries": []}
+    rnd = Round(dep, home, 1, RoundState.from_json({"agent": "memory", "baseline": base}), lambda *_: None)
+    assert rnd.judging_left(1) is None  # no round budget: each comparison its deployment's budget_s
+    rnd.dep = dep.model_copy(update={"controller": dep.controller.model_copy(update={"round_budget_s": 300.0})})
+    records.set_state(rnd.db, dep.name, "noise", {"seconds": 55.0})
+    assert rnd.judging_left(2) == 300.0 - 2 * 55.0
+    assert rnd.judging_left(0) == 300.0
