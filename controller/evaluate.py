@@ -106,8 +106,10 @@ class _Failed(Exception):
 
 def _blocks(dep: Deployment, home: Home, db, kind: str, baseline: SystemTree, candidate: SystemTree,
             reqs: list[Request], progress: Progress, *, fixed: int | None,
-            keep_going: Callable[[PairedRun, float], bool]) -> tuple[str, Any, PairedRun]:  # fmt: skip
-    """Blocks of a paired run (fixed many, or while `keep_going(run, elapsed)`), stored as one run."""
+            keep_going: Callable[[PairedRun, float], bool], pace: list | None = None,
+            ) -> tuple[str, Any, PairedRun]:  # fmt: skip
+    """Blocks of a paired run (fixed many, or while `keep_going(run, elapsed)`), stored as one run;
+    `pace` gets (seconds in, blocks) after each round."""
     run_id = records.add_run(db, dep.name, kind, baseline.tree, candidate.tree)
     raw = home.runs / f"{run_id}.jsonl"
     check = _tree_check(workspace(home, dep).repo_dir, [baseline, candidate])
@@ -119,6 +121,8 @@ def _blocks(dep: Deployment, home: Home, db, kind: str, baseline: SystemTree, ca
                                  warmup=dep.controller.warmup_requests, raw=raw, design=dep.design,
                                  seed=int(run_id[:8], 16),
                                  progress=progress, check_trees=check, run=run)  # fmt: skip
+                if pace is not None:
+                    pace.append((time.monotonic() - t0, len(run.blocks)))
                 if (fixed is not None and len(run.blocks) >= fixed) or (
                     fixed is None and not keep_going(run, time.monotonic() - t0)
                 ):
@@ -141,10 +145,10 @@ def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev
     ws = workspace(home, dep)
     stock = checkout(ws.repo_dir, rev, ws.systems_cache)
     reqs, draw = draw_requests(dep, home)
-    t0 = time.monotonic()
+    pace: list[tuple[float, int]] = []
     try:
         run_id, raw, run = _blocks(dep, home, db, "noise", stock, stock, reqs, progress,
-                                   fixed=blocks or dep.controller.blocks, keep_going=lambda *_: False)  # fmt: skip
+                                   fixed=blocks or dep.controller.blocks, keep_going=lambda *_: False, pace=pace)  # fmt: skip
     except _Failed as f:
         raise SpecPilotError(f"stock failed during the noise run: {f.error}") from None
     quiet = quiet_blocks(run)
@@ -168,7 +172,8 @@ def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev
     figures = {"design": run.design, "slots": slots, "runs": runs, "pooled_sd": sd, "df": df, "sigma": sigma_for(sd, len(quiet)),
                "gain": res.gain, "lower_bound": res.lower_bound, "n": res.n, "run_id": run_id, "tree": stock.tree,
                "violations": checks.violations(run), "set_aside": len(run.blocks) - len(quiet), "draw": draw,
-               "seconds": time.monotonic() - t0}  # fmt: skip
+               # seconds until a comparison's first look (MIN_LOOK blocks): what a round keeps for each direction
+               "look_s": next((t for t, n in pace if n >= MIN_LOOK), pace[-1][0] if pace else 0.0)}  # fmt: skip
     records.finish_run(db, run_id, summary=figures, raw_path=str(raw))
     records.set_state(db, dep.name, "noise", figures)
     records.set_state(db, dep.name, "controller_digest", dig)

@@ -128,7 +128,7 @@ class ControllerSettings(_Strict):
     budget_s: float = Field(default=600.0, gt=0)  # a comparison adds blocks until decided or this long
     max_blocks: int = Field(default=40, ge=3)  # ... or this many blocks
     # A round's comparisons together measure about this long at most: each direction may measure
-    # until what is left, less one Phase 0 A/A comparison's time for each direction after it, so
+    # until what is left, less the time to a first look (Phase 0's) for each direction after it, so
     # a marginal direction takes what the clear ones leave (orchestrator/round.py). None: budget_s each.
     round_budget_s: float | None = Field(default=None, gt=0)
     warmup_requests: int = Field(default=1, ge=0)

@@ -201,13 +201,13 @@ class Round:
 
     def judging_left(self, after: int) -> float | None:
         """What the deployment's round budget leaves the next comparison: the budget less what this
-        round's comparisons took, less one Phase 0 A/A comparison's time for each of the `after`
-        directions still to judge (each gets at least its first look). None: no round budget."""
+        round's comparisons took, less the time to a first look (Phase 0's noise run took it to reach
+        MIN_LOOK blocks) for each of the `after` directions still to judge. None: no round budget."""
         budget = self.dep.controller.round_budget_s
         if budget is None:
             return None
         noise = records.get_state(self.db, self.dep.name, "noise") or {}
-        return budget - self._judging_s - after * float(noise.get("seconds", 0.0))
+        return budget - self._judging_s - after * float(noise.get("look_s", 0.0))
 
     def compare(
         self, baseline: str, candidate: str, progress: Callable[[str], None] = lambda _: None,

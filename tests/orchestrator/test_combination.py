@@ -93,13 +93,13 @@ def test_a_conflicting_patch_is_left_out_and_named_in_the_round(world):
 
 def test_a_round_budget_leaves_each_later_direction_its_first_look(world):
     """`controller.round_budget_s`: the next comparison may measure what the round's budget has left,
-    less one Phase 0 A/A comparison's time for each direction still to judge after it."""
+    less the time to a first look (Phase 0's noise run) for each direction still to judge after it."""
     home, _, ws, _ = world
     dep = load_deployment("smollm-cpu")
     base = {"commit": ws.commit("system"), "tree": ws.system_tree, "entries": []}
     rnd = Round(dep, home, 1, RoundState.from_json({"agent": "memory", "baseline": base}), lambda *_: None)
     assert rnd.judging_left(1) is None  # no round budget: each comparison its deployment's budget_s
     rnd.dep = dep.model_copy(update={"controller": dep.controller.model_copy(update={"round_budget_s": 300.0})})
-    records.set_state(rnd.db, dep.name, "noise", {"seconds": 55.0})
+    records.set_state(rnd.db, dep.name, "noise", {"look_s": 55.0})
     assert rnd.judging_left(2) == 300.0 - 2 * 55.0
     assert rnd.judging_left(0) == 300.0
