@@ -98,8 +98,10 @@ def test_a_round_budget_leaves_each_later_direction_its_first_look(world):
     dep = load_deployment("smollm-cpu")
     base = {"commit": ws.commit("system"), "tree": ws.system_tree, "entries": []}
     rnd = Round(dep, home, 1, RoundState.from_json({"agent": "memory", "baseline": base}), lambda *_: None)
+    budget = lambda s: dep.model_copy(update={"controller": dep.controller.model_copy(update={"round_budget_s": s})})  # noqa: E731
+    rnd.dep = budget(None)
     assert rnd.judging_left(1) is None  # no round budget: each comparison its deployment's budget_s
-    rnd.dep = dep.model_copy(update={"controller": dep.controller.model_copy(update={"round_budget_s": 300.0})})
+    rnd.dep = budget(300.0)
     records.set_state(rnd.db, dep.name, "noise", {"look_s": 55.0})
     assert rnd.judging_left(2) == 300.0 - 2 * 55.0
     assert rnd.judging_left(0) == 300.0
