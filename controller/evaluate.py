@@ -256,7 +256,6 @@ def compare(
         if len(quiet) < MIN_LOOK:  # a verdict needs MIN_LOOK quiet blocks, whatever the budget
             return len(run.blocks) < c.max_blocks
         final = elapsed >= budget or len(run.blocks) >= c.max_blocks
-        state["cut"] = budget < c.budget_s and elapsed >= budget and len(run.blocks) < c.max_blocks
         if (
             "k_max" not in state
         ):  # planned looks: fixed at the first look from the blocks' pace (not their gains)
@@ -328,10 +327,10 @@ def compare(
     sigma = sigma_for(sd, len(quiet))
     if any(u.get("cpuset") is False for p in run.periods for u in p.usage.values()):
         verdict.notes.append(UNCONFINED)
-    if state.get("cut") and not verdict.approved and not fatal:
-        verdict.notes.append(f"the round's judging budget ended it after {budget:.0f} s ({res.n} blocks; the "
-                             f"deployment's own budget is {c.budget_s:.0f} s): `specpilot controller compare` "
-                             f"judges it alone")  # fmt: skip
+    if budget < c.budget_s and not verdict.approved and not fatal and res.upper_bound >= 1 + verdict.threshold:
+        verdict.notes.append(f"undecided when the round's judging budget ended it ({budget:.0f} s, {res.n} blocks; "
+                             f"the deployment's own is {c.budget_s:.0f} s): `specpilot controller compare` judges "
+                             f"it alone")  # fmt: skip
     evidence = {
         "design": run.design, "block_gains": res.block_gains, "n": res.n, "log_sd": res.log_sd,
         "request_gains": [[round(math.exp(r.log_ratio()), 5) for r in blk] for blk in quiet],
