@@ -65,7 +65,10 @@ def sources(paths: list[Path]):
             with tarfile.open(p) as tar:
                 for m in sorted(tar.getmembers(), key=lambda m: m.name):
                     if m.isfile() and m.name.endswith(".jsonl"):
-                        yield f"{p.name}:{Path(m.name).name}", io.TextIOWrapper(tar.extractfile(m)).read().splitlines()
+                        yield (
+                            f"{p.name}:{Path(m.name).name}",
+                            io.TextIOWrapper(tar.extractfile(m)).read().splitlines(),
+                        )
         else:
             yield p.name, p.read_text().splitlines()
 
@@ -76,7 +79,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = {}
-    print(f"{'comparison':34} {'blocks':>6} {'n':>4} {'req sd':>7} {'pred':>6} {'obs':>6} {'wall':>6} {'serve':>6} {'gap':>6}")
+    print(
+        f"{'comparison':34} {'blocks':>6} {'n':>4} {'req sd':>7} {'pred':>6} {'obs':>6} {'wall':>6} {'serve':>6} {'gap':>6}"
+    )
     for name, lines in sources(args.raw):
         r = rows[name] = split(lines)
         if not r["blocks"]:

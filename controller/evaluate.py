@@ -327,7 +327,12 @@ def compare(
     sigma = sigma_for(sd, len(quiet))
     if any(u.get("cpuset") is False for p in run.periods for u in p.usage.values()):
         verdict.notes.append(UNCONFINED)
-    if budget < c.budget_s and not verdict.approved and not fatal and res.upper_bound >= 1 + verdict.threshold:
+    if (
+        budget < c.budget_s
+        and not verdict.approved
+        and not fatal
+        and res.upper_bound >= 1 + verdict.threshold
+    ):
         verdict.notes.append(f"undecided when the round's judging budget ended it ({budget:.0f} s, {res.n} blocks; "
                              f"the deployment's own is {c.budget_s:.0f} s): `specpilot controller compare` judges "
                              f"it alone")  # fmt: skip

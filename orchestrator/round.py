@@ -210,7 +210,10 @@ class Round:
         return budget - self._judging_s - after * float(noise.get("look_s", 0.0))
 
     def compare(
-        self, baseline: str, candidate: str, progress: Callable[[str], None] = lambda _: None,
+        self,
+        baseline: str,
+        candidate: str,
+        progress: Callable[[str], None] = lambda _: None,
         budget_s: float | None = None,
     ) -> dict[str, Any]:
         """The controller's verdict on `candidate` against `baseline` (here, or on a node), as JSON;

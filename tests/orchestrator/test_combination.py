@@ -98,7 +98,10 @@ def test_a_round_budget_leaves_each_later_direction_its_first_look(world):
     dep = load_deployment("smollm-cpu")
     base = {"commit": ws.commit("system"), "tree": ws.system_tree, "entries": []}
     rnd = Round(dep, home, 1, RoundState.from_json({"agent": "memory", "baseline": base}), lambda *_: None)
-    budget = lambda s: dep.model_copy(update={"controller": dep.controller.model_copy(update={"round_budget_s": s})})  # noqa: E731
+
+    def budget(s: float | None):
+        return dep.model_copy(update={"controller": dep.controller.model_copy(update={"round_budget_s": s})})
+
     rnd.dep = budget(None)
     assert rnd.judging_left(1) is None  # no round budget: each comparison its deployment's budget_s
     rnd.dep = budget(300.0)
