@@ -14,7 +14,6 @@ disturbed gets no verdict.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +34,7 @@ from .context import (
     workspace,
 )
 from .engine import Request, SystemFailed
+from .load import summarize
 from .paired import PairedRun, paired_run
 from .slots import lease
 from .stats import MIN_LOOK, decide, look_levels, paired_stats, pooled_sd, sigma_for
@@ -155,7 +155,7 @@ def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev
     if len(quiet) < 2 or len(run.blocks) - len(quiet) > MAX_DISTURBED * len(run.blocks):
         records.finish_run(db, run_id, summary={"disturbances": run.disturbances}, raw_path=str(raw))
         raise SpecPilotError(
-            f"the stock noise run was disturbed ({_summarize(run.disturbances)}), so its σ was not stored; stop "
+            f"the stock noise run was disturbed ({summarize(run.disturbances)}), so its σ was not stored; stop "
             f"what else runs on the slots and rerun `specpilot controller noise --deployment {dep.name}`"
         )
     res = paired_stats(quiet)
@@ -187,26 +187,6 @@ def _record_speed(db, dep: Deployment, tree: str, design: str, by_request: dict[
     old = speeds.get(f"{tree}:{design}")
     speeds[f"{tree}:{design}"] = (old if isinstance(old, dict) else {}) | by_request
     records.set_state(db, dep.name, "speeds", speeds)
-
-
-def _summarize(items: list[str]) -> str:
-    """Findings of the same kind once, with how often and the range of their figures:
-    'other load on a slot: 22–88% of the turn went to something besides the system (8 times)'."""
-    groups: dict[str, list[list[float]]] = {}
-    for d in items:
-        key = re.sub(r"\b(cpu|cuda):\d+\b", "a slot", d)
-        key = re.sub(r"\bsystem [AB]\b", "the system", key)
-        nums = [float(n) for n in re.findall(r"(\d+(?:\.\d+)?)%", key)]
-        groups.setdefault(re.sub(r"\d+(?:\.\d+)?%", "{}%", key), []).append(nums)
-    parts = []
-    for key, figs in groups.items():
-        text = key
-        for i in range(key.count("{}%")):
-            col = [f[i] for f in figs]
-            lo, hi = min(col), max(col)
-            text = text.replace("{}%", f"{lo:g}%" if lo == hi else f"{lo:g}–{hi:g}%", 1)
-        parts.append(text + (f" ({len(figs)} times)" if len(figs) > 1 else ""))
-    return "; ".join(parts)
 
 
 def compare(
@@ -287,7 +267,7 @@ def compare(
     set_aside = len(run.blocks) - len(quiet)
     if set_aside > max(1, MAX_DISTURBED * len(run.blocks)) or (set_aside and len(quiet) < MIN_LOOK):
         fatal.append(f"measurement disturbed in {set_aside} of {len(run.blocks)} blocks "
-                     f"({_summarize(run.disturbances)}): no verdict")  # fmt: skip
+                     f"({summarize(run.disturbances)}): no verdict")  # fmt: skip
     elif len(quiet) < MIN_LOOK and not fatal:
         fatal.append(f"only {len(quiet)} blocks were measured (a verdict needs {MIN_LOOK}): no verdict")
     if len(quiet) < 2:

@@ -17,6 +17,7 @@ rounding offsets another's and steady load in short turns still shows.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,3 +94,23 @@ def over_turns(turn_loads: list[dict[str, dict]]) -> list[str]:
             out.append(f"other load on cpu:{core}: {s['foreign_share']:.0%} of the period's turns went to "
                        "something besides the systems")  # fmt: skip
     return out
+
+
+def summarize(items: list[str]) -> str:
+    """Findings of the same kind once, with how often and the range of their figures:
+    'other load on a slot: 22–88% of the turn went to something besides the system (8 times)'."""
+    groups: dict[str, list[list[float]]] = {}
+    for d in items:
+        key = re.sub(r"\b(cpu|cuda):\d+\b", "a slot", d)
+        key = re.sub(r"\bsystem [AB]\b", "the system", key)
+        nums = [float(n) for n in re.findall(r"(\d+(?:\.\d+)?)%", key)]
+        groups.setdefault(re.sub(r"\d+(?:\.\d+)?%", "{}%", key), []).append(nums)
+    parts = []
+    for key, figs in groups.items():
+        text = key
+        for i in range(key.count("{}%")):
+            col = [f[i] for f in figs]
+            lo, hi = min(col), max(col)
+            text = text.replace("{}%", f"{lo:g}%" if lo == hi else f"{lo:g}–{hi:g}%", 1)
+        parts.append(text + (f" ({len(figs)} times)" if len(figs) > 1 else ""))
+    return "; ".join(parts)

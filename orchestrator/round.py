@@ -220,18 +220,15 @@ class Round:
         `budget_s` caps its measuring time (controller.compare), and its seconds count against the round's."""
         t0 = time.monotonic()
         try:
-            return self._compare(baseline, candidate, progress, budget_s)
+            if self.cluster is None:
+                return sealing.evaluation_json(controller.compare(self.dep, self.home, baseline, candidate,
+                                                                  budget_s=budget_s, progress=progress))  # fmt: skip
+            b, c = (git_run(self.ws.repo_dir, "rev-parse", f"{r}^{{commit}}") for r in (baseline, candidate))
+            out = self._on_node("compare", f"{self.dep.name}:r{self.number}:compare:{b}:{c}", baseline=b, candidate=c,
+                                budget_s=budget_s, bundles={"baseline": self._bundle(b), "candidate": self._bundle(c)})  # fmt: skip
+            return out["evaluation"]
         finally:
             self._judging_s += time.monotonic() - t0
-
-    def _compare(self, baseline: str, candidate: str, progress, budget_s: float | None) -> dict[str, Any]:
-        if self.cluster is None:
-            return sealing.evaluation_json(controller.compare(self.dep, self.home, baseline, candidate,
-                                                              budget_s=budget_s, progress=progress))  # fmt: skip
-        b, c = (git_run(self.ws.repo_dir, "rev-parse", f"{r}^{{commit}}") for r in (baseline, candidate))
-        out = self._on_node("compare", f"{self.dep.name}:r{self.number}:compare:{b}:{c}", baseline=b, candidate=c,
-                            budget_s=budget_s, bundles={"baseline": self._bundle(b), "candidate": self._bundle(c)})  # fmt: skip
-        return out["evaluation"]
 
     def combine(self) -> None:
         self.state.combination = sealing.combine(self)

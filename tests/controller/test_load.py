@@ -97,11 +97,11 @@ def test_a_period_names_each_core_whose_summed_turns_pass_the_limit():
 
 
 def test_disturbances_are_summarised_once_per_kind_with_their_range():
-    from specpilot.controller.evaluate import _summarize
+    from specpilot.controller.load import summarize
 
     turns = [f"other load on cpu:{i % 2}: {p}% of the turn went to something besides system {'AB'[i % 2]}"
              for i, p in enumerate((24, 35, 30, 27))]  # fmt: skip
-    assert _summarize([*turns, "GPU clocks changed during the turn"]) == (
+    assert summarize([*turns, "GPU clocks changed during the turn"]) == (
         "other load on a slot: 24–35% of the turn went to something besides the system (4 times); "
         "GPU clocks changed during the turn"
     )

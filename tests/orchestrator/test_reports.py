@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import matplotlib.image
 from rich.console import Console
 
-from specpilot.controller.evaluate import _summarize
+from specpilot.controller.load import summarize
 from specpilot.memory_store.records import VerdictRecord
 from specpilot.orchestrator import plots
 from specpilot.orchestrator.reports import round_panel
@@ -22,7 +22,7 @@ TITLES = ["raise the n-gram drafter's block size from 8 to 12 to lengthen accept
 def _state(pictures: list[str]) -> dict:
     turns = [f"other load on cpu:{i % 2}: {p}% of the turn went to something besides system {'AB'[i % 2]}"
              for i, p in enumerate((24, 35, 30, 27))]  # fmt: skip
-    disturbed = f"measurement disturbed in 4 of 4 blocks ({_summarize(turns)}): no verdict"
+    disturbed = f"measurement disturbed in 4 of 4 blocks ({summarize(turns)}): no verdict"
     return {
         "agent": "memory",
         "baseline": {"commit": "c" * 40, "tree": "a" * 40, "entries": ["refspec-tree"]},
