@@ -40,6 +40,25 @@ class Home:
         return self.root / "runs"
 
     @property
+    def records(self) -> list[Path]:
+        """What the controller keeps of judged runs: the SQLite database and its journals, raw runs
+        and round reports, of this home and of every home of its cluster (the head's and each node's,
+        `nodes/<id>`; not their workspaces). They hold each draw's secret tags and the answers given
+        under them, so no agent may read them (agents/claude/session.py)."""
+        head = self.root.parent.parent if self.root.parent.name == "nodes" else self.root
+        homes = [head, *sorted(p for p in (head / "nodes").glob("*") if p.is_dir())]
+        out = []
+        for root in homes:
+            db = root / "specpilot.db"
+            out += [
+                db,
+                *(db.with_name(db.name + s) for s in ("-wal", "-shm", "-journal")),
+                root / "runs",
+                root / "rounds",
+            ]
+        return out
+
+    @property
     def transcripts(self) -> Path:
         return self.root / "transcripts"
 

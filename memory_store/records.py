@@ -16,7 +16,8 @@ from specpilot.deployments import SpecPilotError
 from .db import Database
 from .models import DeploymentStateRow, RoundRow, RunRow, VerdictRow, now
 
-RUN_KINDS = ("paired", "noise", "audit", "phase0", "profile", "record")
+# quick: a sub-agent's quick_measure (one paired block on the tuning requests, never a verdict)
+RUN_KINDS = ("paired", "noise", "audit", "phase0", "profile", "record", "quick")
 RUN_STATUSES = ("running", "done", "failed")
 UNITS = ("blocks", "requests")
 

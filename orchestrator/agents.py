@@ -81,11 +81,14 @@ def claude_agents(rnd: RoundView):
     options = claude.ClaudeOptions.model_validate(rnd.state.agent_options)
     folder = rnd.home.transcripts / rnd.dep.name / f"round-{rnd.number}"
     protected = protected_paths(rnd.dep)
-    master = claude.ClaudeMaster(rnd.dep, options, rnd.ws.repo_dir, folder / "master.jsonl", protected)
+    hidden = rnd.home.records  # the draws' tags and the answers given under them
+    master = claude.ClaudeMaster(
+        rnd.dep, options, rnd.ws.repo_dir, folder / "master.jsonl", protected, hidden
+    )
 
     def transcript_for(worktree):  # worktrees are named r<round>-d<direction>
         return folder / f"direction-{worktree.name.rsplit('-d', 1)[-1]}.jsonl"
 
     sub = claude.ClaudeSubAgent(rnd.dep, options, transcript_for, protected,
-                                costmodel=rnd.state.costmodel, exact=memory_subagent(rnd))  # fmt: skip
+                                costmodel=rnd.state.costmodel, exact=memory_subagent(rnd), hidden=hidden)  # fmt: skip
     return master, sub

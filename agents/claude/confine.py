@@ -1,4 +1,5 @@
-"""Where a sub-agent may write: its worktree, and nowhere else.
+"""Where a sub-agent may write: its worktree, and nowhere else; what no agent may read: its
+credentials, and the controller's records (`hidden`: the database, raw runs, round reports).
 
 Pure functions over tool calls, used by the PreToolUse hook and the permission callback of a run
 (`session.py`). Paths are made absolute against the agent's cwd, `~` is expanded, and symlinks and
@@ -20,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -257,9 +258,10 @@ def bash_writes(
     return out
 
 
-def check_tool(tool: str, args: dict[str, Any], root: Path, cwd: Path, secret: Path | None,
+def check_tool(tool: str, args: dict[str, Any], root: Path, cwd: Path, hidden: Sequence[Path] = (),
                env: dict[str, str] | None = None) -> str | None:  # fmt: skip
-    """Why this tool call must be denied, or None when the confinement rules allow it."""
+    """Why this tool call must be denied, or None when the confinement rules allow it. `hidden`:
+    what the agent may not read (its credentials folder, the controller's records)."""
     if tool in WRITE_TOOLS:
         raw = args.get(WRITE_TOOLS[tool])
         if not isinstance(raw, str) or not raw:
@@ -270,13 +272,14 @@ def check_tool(tool: str, args: dict[str, Any], root: Path, cwd: Path, secret: P
                 f"{tool} to {raw!r} is outside your worktree {root} (writes go only there, never to its .git)"
             )
         return None
-    if tool in READ_TOOLS and secret is not None:
+    if tool in READ_TOOLS and hidden:
         raw = args.get(READ_TOOLS[tool]) or str(cwd)
         path = resolve(str(raw), cwd, env)
-        if path is None or inside(path, secret) or inside(Path(os.path.realpath(secret)), path):
-            return (
-                f"{tool} of {raw!r} is not allowed (it is or contains the agent's private credentials folder)"
-            )
+        if path is None:
+            return f"{tool} of {raw!r} is not allowed (a variable or a glob: what it reads cannot be known)"
+        for h in hidden:
+            if inside(path, h) or inside(Path(os.path.realpath(h)), path):
+                return f"{tool} of {raw!r} is not allowed (it is or contains {h}, which agents may not read)"
         return None
     if tool == "Bash":
         command = args.get("command")

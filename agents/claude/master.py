@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +62,8 @@ def parse_directions(data: Any, slots: int, refusals: list[str], record: dict[st
 class ClaudeMaster:
     """Plans directions with one Claude run; read-only tools over the current system's tree."""
 
-    def __init__(
-        self, dep: Deployment, options: ClaudeOptions, cwd: Path, transcript: Path, protected: list[str]
-    ):
+    def __init__(self, dep: Deployment, options: ClaudeOptions, cwd: Path, transcript: Path, protected: list[str],
+                 hidden: Sequence[Path] = ()):  # fmt: skip
         self.dep, self.options, self.cwd, self.transcript, self.protected = (
             dep,
             options,
@@ -71,6 +71,7 @@ class ClaudeMaster:
             transcript,
             protected,
         )
+        self.hidden = list(hidden)  # what its run may not read: the controller's records (Home.records)
         self.record: dict[str, Any] = {}  # the last run's transcript, cost and usage
 
     def plan(self, ctx: PlanningContext) -> list[Direction]:
@@ -78,7 +79,7 @@ class ClaudeMaster:
                         budget={**ctx.budget, "per_agent_run": self.options.model_dump()})  # fmt: skip
         spec = session.RunSpec(prompt=prompt, cwd=self.cwd, tools=["Read", "Glob", "Grep"],
                                transcript=self.transcript, options=self.options, system_prompt=SYSTEM,
-                               output_schema=directions_schema(len(ctx.slots)))  # fmt: skip
+                               output_schema=directions_schema(len(ctx.slots)), hidden=self.hidden)  # fmt: skip
         try:
             run = session.run(spec)
         except AgentError as e:

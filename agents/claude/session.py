@@ -6,10 +6,11 @@ guarantee):
   built-in tools we list (no Agent/Task/web tools) plus our in-process MCP tools;
 - a PreToolUse hook (fail closed: an exception or a bad answer blocks the call) and the permission
   callback both run `confine.check_tool`: file writes only inside the worktree, never its .git;
-  Bash commands whose visible writes land elsewhere are denied; reads of the key's folder denied;
+  Bash commands whose visible writes land elsewhere are denied; reads of the key's folder and of
+  the controller's records (`RunSpec.hidden`) denied;
 - Bash runs in the CLI's bubblewrap sandbox (required: the run fails if it is unavailable): a
   read-only root, the worktree and a private temp folder writable, no network, the key's folder
-  hidden, its own PID namespace;
+  and the controller's records unreadable, its own PID namespace;
 - the API key never enters the CLI's environment: the CLI gets it from an `apiKeyHelper` command
   that prints a 0600 file in a private folder and deletes it (the helper runs once: its TTL is set
   beyond any run), so neither Bash nor the transcript can see it; every other variable whose name
@@ -56,6 +57,9 @@ class RunSpec:
     output_schema: dict[str, Any] | None = None
     mcp_tools: list[Any] = field(default_factory=list)  # SdkMcpTool objects of the "controller" server
     slot: str | None = None  # the device slot exported to its environment
+    # What it may not read, beside its credentials: the controller's records (the database, raw runs,
+    # round reports), which hold judged prompts' tags and the answers given to them.
+    hidden: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -178,7 +182,7 @@ async def _run(spec: RunSpec, key: str) -> AgentRun:  # noqa: C901 - one linear 
             return f"the tool {tool} is not available to this agent"
         if tool in WRITE_TOOLS and spec.write_root is None:
             return f"this agent may not write ({tool})"
-        return check_tool(tool, args, spec.write_root or spec.cwd, cwd, secret, paths_env)
+        return check_tool(tool, args, spec.write_root or spec.cwd, cwd, [secret, *spec.hidden], paths_env)
 
     def deny(tool: str, args: Any, reason: str, where: str) -> None:
         denials.append(reason)
@@ -214,7 +218,7 @@ async def _run(spec: RunSpec, key: str) -> AgentRun:  # noqa: C901 - one linear 
         permission_mode="default", can_use_tool=can_use,
         hooks={"PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[hook], on_failure="block")]},  # type: ignore[list-item]
         sandbox={"enabled": True, "failIfUnavailable": True, "autoAllowBashIfSandboxed": True,  # type: ignore[typeddict-unknown-key]
-                 "allowUnsandboxedCommands": False, "filesystem": {"denyRead": [str(secret)]}},
+                 "allowUnsandboxedCommands": False, "filesystem": {"denyRead": [str(secret), *(str(p) for p in spec.hidden if p.exists())]}},
         settings=json.dumps({"apiKeyHelper": _key_helper(private, key)}),
         env=cli_env(private, spec), model=spec.options.model, system_prompt=spec.system_prompt,
         max_turns=spec.options.max_turns, max_budget_usd=spec.options.budget_usd,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,10 @@ class ClaudeSubAgent:
 
     def __init__(self, dep: Deployment, options: ClaudeOptions, transcript_for: Callable[[Path], Path],
                  protected: list[str], costmodel: dict[str, Any] | None = None,
-                 exact: MemorySubAgent | None = None):  # fmt: skip
+                 exact: MemorySubAgent | None = None, hidden: Sequence[Path] = ()):  # fmt: skip
         self.dep, self.options, self.transcript_for = dep, options, transcript_for
         self.protected, self.costmodel, self.exact = protected, costmodel or {}, exact
+        self.hidden = list(hidden)  # what its runs may not read: the controller's records (Home.records)
 
     def implement(self, direction: Direction, worktree: Path, slot: str, tools: ControllerTools) -> Patch:
         if direction.entry or direction.knob:
@@ -45,7 +46,8 @@ class ClaudeSubAgent:
                         max_diff_bytes=self.options.max_diff_bytes)  # fmt: skip
         spec = session.RunSpec(prompt=prompt, cwd=worktree, tools=TOOLS, transcript=self.transcript_for(worktree),
                                options=self.options, write_root=worktree, system_prompt=SYSTEM,
-                               mcp_tools=controller_server_tools(tools, worktree), slot=slot)  # fmt: skip
+                               mcp_tools=controller_server_tools(tools, worktree), slot=slot,
+                               hidden=self.hidden)  # fmt: skip
         run = session.run(spec)
         record = run.record()
         if (worktree / ".git").read_bytes() != dotgit:  # it names the repository the diff is read from

@@ -56,7 +56,8 @@ def setup(tmp_path):
     outside.mkdir()
     transcripts = home.transcripts / dep.name / "round-1"
     agent = ClaudeSubAgent(dep, ClaudeOptions(max_turns=30, budget_usd=5.0),
-                           lambda w: transcripts / f"direction-{w.name.split('-d')[-1]}.jsonl", protected_paths(dep))  # fmt: skip
+                           lambda w: transcripts / f"direction-{w.name.split('-d')[-1]}.jsonl", protected_paths(dep),
+                           hidden=home.records)  # fmt: skip
     return home, dep, ws, wt, outside, agent
 
 
@@ -80,12 +81,18 @@ def test_confined_run_collects_the_patch(setup, api):
     )
     audit = tool_use("mcp__controller__quick_audit")
     measure = tool_use("mcp__controller__quick_measure")
+    db = home.root / "specpilot.db"  # the controller's records: each draw's tags and answers
+    raw = home.runs / "earlier.jsonl"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text('{"id": "r01", "tokens": [1, 2, 3]}\n')
+    read_raw = tool_use("Read", file_path=str(raw))
+    cat_db = tool_use("Bash", command=f"head -c 15 {db}; echo; echo rc=$?", description="peek at the records")
     fake = api([[text("Looking."), env], [write_out], [bash_out], [hidden], [link], [via_link], [unlink], [git_add],
-                [read_toml], [edit], [audit], [measure],
+                [read_toml], [edit], [audit], [measure], [read_raw], [cat_db],
                 Turn([text("Set decode.block_size = 6 in refspec.toml.")], {"input_tokens": 5000, "output_tokens": 400})])  # fmt: skip
     tools = LocalControllerTools(dep, home, "system")
     patch = agent.implement(DIRECTION, wt, "cpu:1", tools)
-    assert not fake.exhausted and fake.served == 13
+    assert not fake.exhausted and fake.served == 15
 
     # Nothing was written outside the worktree, by any route.
     assert sorted(os.listdir(outside)) == []
@@ -97,18 +104,23 @@ def test_confined_run_collects_the_patch(setup, api):
     )  # the sandbox stopped what the hook could not see
     assert "outside your worktree" in _text(results[via_link["id"]])  # the link was resolved
     assert "writes the repository" in _text(results[git_add["id"]])
+    # The controller's records are not read, by a tool (the hook) or by a shell (the sandbox).
+    assert db.read_bytes()[:15] == b"SQLite format 3"
+    assert "agents may not read" in _text(results[read_raw["id"]])
+    assert "SQLite format" not in _text(results[cat_db["id"]]), _text(results[cat_db["id"]])
 
     # The agent's shell: no key, the slot exported, pinned to core 1.
     shell = _text(results[env["id"]])
     assert fake.key not in shell and "SPECPILOT_DEVICE=cpu:1" in shell
     assert "Cpus_allowed_list:\t1" in shell
 
-    # The controller tools ran real controller code: an error the agent can read, and a real paired run.
+    # The controller tools ran real controller code: an error the agent can read, and a real paired run
     assert results[audit["id"]].get("is_error") and "no Phase 0" in _text(results[audit["id"]])
     measured = json.loads(_text(results[measure["id"]]))
     assert "not a verdict" in measured["note"] and measured["gain"] > 0
     run = records.get_run(connect(home), measured["run_id"])
-    assert run is not None and run.kind == "paired" and run.candidate_tree == measured["candidate_tree"]
+    # stored as a quick run: never counted as a judged ("paired") one
+    assert run is not None and run.kind == "quick" and run.candidate_tree == measured["candidate_tree"]
 
     # The diff: exactly the knob change (scratch files and the sandbox's stubs are gone).
     assert (
@@ -125,8 +137,10 @@ def test_confined_run_collects_the_patch(setup, api):
     lines = read(patch.transcript)
     result = [x for x in lines if x["kind"] == "ResultMessage"][-1]["data"]
     assert patch.cost_usd == result["total_cost_usd"] > 0
-    assert patch.usage["output_tokens"] == result["usage"]["output_tokens"] and patch.usage["num_turns"] == 13
-    assert sum(1 for x in lines if x["kind"] == "denied") == 4
+    assert patch.usage["output_tokens"] == result["usage"]["output_tokens"] and patch.usage["num_turns"] == 15
+    assert (
+        sum(1 for x in lines if x["kind"] == "denied") == 5
+    )  # write_out, bash_out, via_link, git_add, read_raw
     assert fake.key not in patch.transcript.read_text()
     assert all(fake.key not in json.dumps(r.body) for r in fake.requests)
 

@@ -1,4 +1,5 @@
-"""The write checks of the PreToolUse hook (`confine.check_tool`) on real folders and symbolic links.
+"""The write and read checks of the PreToolUse hook (`confine.check_tool`) on real folders and
+symbolic links.
 
 These are the hook's rules alone; the sub-agent test shows them (and the Bash sandbox behind them)
 inside a real run of the Claude Code CLI.
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from specpilot.agents.claude.confine import bash_writes, check_tool
+from specpilot.deployments import Home
 
 
 @pytest.fixture
@@ -34,6 +36,49 @@ def test_file_tools_write_only_inside(tree):
     for path in (str(out / "x"), "../outside/x", "escape/x", str(wt / ".git"), "~/x", "$HOME/x"):
         assert "outside your worktree" in check_tool("Write", {"file_path": path}, wt, wt, None), path
     assert "without a file_path" in check_tool("Write", {}, wt, wt, None)
+
+
+def test_the_controllers_records_are_not_read(tmp_path: Path):
+    """A home as a round leaves it: the agent's worktree inside, the database and raw runs (each
+    draw's secret tags and the answers given under them) beside it; a link to a raw run from the
+    worktree is the raw run."""
+    home = Home(tmp_path / "home")
+    wt = home.workspaces / "dep" / "r1-d0"
+    wt.mkdir(parents=True)
+    (wt / "serve.py").write_text("")
+    home.runs.mkdir()
+    (home.runs / "run.jsonl").write_text("{}\n")
+    (home.root / "specpilot.db").write_text("")
+    (wt / "peek").symlink_to(home.runs / "run.jsonl")
+    hidden = [tmp_path / "secret", *home.records]
+    for tool, key in (("Read", "file_path"), ("Grep", "path"), ("Glob", "path")):
+        for path in (str(home.root / "specpilot.db"), str(home.runs / "run.jsonl"), str(home.runs),
+                     "peek", str(home.root), "../../.."):  # fmt: skip
+            reason = check_tool(tool, {key: path}, wt, wt, hidden)
+            assert reason is not None and "agents may not read" in reason, (tool, path)
+        assert check_tool(tool, {key: "serve.py" if tool == "Read" else str(wt)}, wt, wt, hidden) is None
+    assert check_tool("Grep", {}, wt, wt, hidden) is None  # its own worktree, the default
+    assert check_tool("Read", {"file_path": str(home.deployments / "dep.toml")}, wt, wt, hidden) is None
+
+
+def test_a_cluster_nodes_agent_reads_no_records_of_the_cluster(tmp_path: Path):
+    """On a Ray cluster each node keeps a home of its own under the head's (`nodes/<id>`): a node's
+    agent reads its own worktree, but neither its own records, nor another node's, nor the head's."""
+    head = Home(tmp_path / "home")
+    nodes = [Home(head.root / "nodes" / n) for n in ("a1", "b2")]
+    for h in (head, *nodes):
+        h.runs.mkdir(parents=True)
+        (h.runs / "run.jsonl").write_text("{}\n")
+        (h.root / "specpilot.db").write_text("")
+    wt = nodes[1].workspaces / "dep" / "r1-d0"
+    wt.mkdir(parents=True)
+    (wt / "serve.py").write_text("")
+    for home in (head, *nodes):
+        hidden = nodes[1].records
+        for path in (home.root / "specpilot.db", home.runs / "run.jsonl"):
+            assert "agents may not read" in check_tool("Read", {"file_path": str(path)}, wt, wt, hidden), path
+    assert check_tool("Read", {"file_path": "serve.py"}, wt, wt, nodes[1].records) is None
+    assert sorted(head.records) == sorted(nodes[0].records)  # one set, wherever it is asked
 
 
 @pytest.mark.parametrize(
