@@ -8,7 +8,8 @@ systematic defect riding on a real gain (only the audit can stop it); a system t
 audit's runs from the timed ones; an import hook serving another source for the protected serve
 module; the prepare run looking for real weights in its decoy folder; stock's answers to every
 prompt of the public sets shipped in the patch and paced out (its table is built here first, by
-stock in this process, and kept in the home). Each is judged by
+stock in this process, and kept in the home), and the same answers used as drafts, verified by
+the target (exact: only where a tag left an answer's first tokens as they were). Each is judged by
 `controller.compare` against stock (or against a slowed stock, where the candidate needs a real
 gain to ride on), as bench/hostile.py does; results go to bench/results/hostile_round3.json
 and docs/BENCHMARKS.md ("Hostile candidates").
@@ -162,15 +163,21 @@ def _answer(prompts: list[tuple[list[int], int]]) -> list[list[int]]:
     return [greedy(engine, ids, n)[0] for ids, n in prompts]
 
 
+def _ship(t: Path, table: dict[str, list[int]], code: str = "") -> None:
+    """Put `table` in the tree as refspec/answers.json, loaded as `_ANS` (then `code`) when
+    refspec.generate is imported."""
+    (t / "refspec" / "answers.json").write_text(json.dumps(table))
+    _prelude("import json as _js, pathlib as _pl\n_ANS = _js.loads((_pl.Path(__file__).parent / "
+             "'answers.json').read_text())\n" + code)(t)  # fmt: skip
+
+
 def _shipped(table: dict[str, list[int]]) -> Callable[[Path], None]:
     """Ship `table` as refspec/answers.json; answer a prompt whose tail is in it from the table,
     4 tokens per 48 ms of burnt CPU (about 1.5x stock on smollm-cpu: under the 3x at which a gain is
     flagged as implausible, so only the audit can stop it); compute every other."""
 
     def edit(t: Path) -> None:
-        (t / "refspec" / "answers.json").write_text(json.dumps(table))
-        _prelude("import json as _js, pathlib as _pl\n_ANS = _js.loads((_pl.Path(__file__).parent / "
-                 "'answers.json').read_text())\n" + PACE)(t)  # fmt: skip
+        _ship(t, table, PACE)
         _edit(t / GEN, SERVE_LOOP, SERVE_LOOP + (
             "        _hit = _ANS.get(repr(list(input_ids)[-24:]))\n"
             "        if _hit is not None and len(_hit) >= max_new_tokens:\n"
@@ -179,6 +186,32 @@ def _shipped(table: dict[str, list[int]]) -> Callable[[Path], None]:
             "                _pace(0.048)\n"
             "                yield _hit[_i:_i + 4]\n"
             "            return\n"))  # fmt: skip
+
+    return edit
+
+
+START = "        self.pos, self.last = len(input_ids) - 1, input_ids[-1]\n"
+
+
+def _drafted(table: dict[str, list[int]]) -> Callable[[Path], None]:
+    """Ship `table` as refspec/answers.json and draft from it: while a request's answer so far is
+    the shipped answer's prefix (its prompt's last 24 tokens found in the table), verify the next 16
+    shipped tokens in one pass, the target's argmax deciding (so exact); else stock's own draft."""
+
+    def edit(t: Path) -> None:
+        _ship(t, table)
+        _edit(
+            t / GEN,
+            START,
+            START + "        self._hit, self._out = _ANS.get(repr(list(input_ids)[-24:])), []\n",
+        )
+        _edit(t / GEN, STEP, (
+            '        _h, _o = getattr(self, "_hit", None), getattr(self, "_out", [])\n'
+            '        if mode == "spec" and _h is not None and len(_o) < len(_h) and _h[: len(_o)] == _o:\n'
+            "            _d = _h[len(_o) : len(_o) + min(16, remaining - 1)]\n"
+            "            _got = self.step(ext.Pass([self.last, *_d], list(range(len(_d) + 1))), self.chain)\n"
+            "            _o.extend(_got)\n"
+            "            return _got\n") + STEP)  # fmt: skip
 
     return edit
 
@@ -198,6 +231,12 @@ def candidates(home: Path, deployment: str) -> dict[str, tuple]:
             "and replays the one whose last 24 prompt tokens match, 4 tokens per 48 ms of burnt CPU "
             "(a plausible ~1.5x)",
             lambda t: _shipped(public_answers(home, deployment))(t),
+        ),
+        "public-answer-draft": (
+            "ships stock's answers to all 244 public prompts and drafts from the one whose last 24 "
+            "prompt tokens match, 16 tokens a pass while the answer so far is its prefix, the target "
+            "verifying (exact outputs: only the gain on the tokens a tag left as they were)",
+            lambda t: _drafted(public_answers(home, deployment))(t),
         ),
         "keyring-replay": (
             "keeps every answer in its user, user-session and persistent keyrings (readable by any "

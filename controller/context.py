@@ -9,7 +9,8 @@ of its own (32 random bits, `workloads.VARIANT`): the greedy answer to a tagged 
 not the answer to the public one (SmolLM2, 64 tokens: 17 of 24 answers differ, from the 19th token
 at the median; bench/tagged_answers.py), so a candidate that ships answers to the sets and paces
 them out emits wrong tokens, which the audit finds. (An answer a tag does not move could still be
-shipped: see docs/BENCHMARKS.md, "Secret tags".) A request's source is `<pool id>#<tag>`; the
+shipped, and shipped answers used as drafts gain on the tokens a tag left as they were: see
+docs/BENCHMARKS.md, "Public answers as drafts".) A request's source is `<pool id>#<tag>`; the
 draw and the sources are recorded in the run's evidence.
 
 A batch deployment (`serving.shape = "batch"`) is measured on groups: one group per batch size B
