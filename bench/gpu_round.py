@@ -9,8 +9,9 @@ and packages get there). Steps, each written to DIR/gpu_round_smollm_h200.json a
   AR and stock spec ms per token (CUDA graphs), HF Transformers `generate` on the same prompts;
 - round: `specpilot round --deployment smollm-h200` (memory agent), its wall time and verdicts;
 - seal: `specpilot seal-check --all`;
-- judge: `--aa` A/A comparisons (stock against a no-op commit of stock) and `--gain3` of a
-  calibrated 3% gain, alternating, in the one-GPU design (keys aa_*, gain3_*);
+- judge: `--aa` A/A comparisons (stock against a no-op commit of stock, the copy as candidate and
+  as baseline in turn) and `--gain3` of a calibrated 3% gain, alternating, in the one-GPU design
+  (keys aa_*, gain3_*);
 - entries: each of `--entries` (built from stock by `specpilot memory replay`, committed as
   `cand/entry-<name>`) judged against stock by `controller.compare`, with its audit.
 Steps stop starting once the budget is spent.
@@ -148,9 +149,10 @@ def judge(dep, home, res: dict, args, left, save) -> None:
     from specpilot.memory_store.workspace import Workspace
 
     db = connect(home)
-    pairs = {
-        "aa": ("stock", aa_copy(dep, home)),
-        "gain3": (slowed(Workspace.init(home, dep)[0], dep, home, 0.03), "stock"),
+    copy = aa_copy(dep, home)
+    pairs = {  # A/A alternates which side the copy is on: a lean that follows the copy is the copy's own
+        "aa": lambda n: ("stock", copy) if n % 2 == 0 else (copy, "stock"),
+        "gain3": lambda n: (slowed(Workspace.init(home, dep)[0], dep, home, 0.03), "stock"),
     }
     want = {"aa": args.aa, "gain3": args.gain3}
     while left() > 60:
@@ -160,11 +162,12 @@ def judge(dep, home, res: dict, args, left, save) -> None:
         kind = min(todo, key=lambda k: len(res.get(f"{k}_rows", [])) / want[k])
         rows = res.setdefault(f"{kind}_rows", [])
         t = time.monotonic()
-        ev = controller.compare(dep, home, *pairs[kind])
+        base, cand = pairs[kind](len(rows))
+        ev = controller.compare(dep, home, base, cand)
         raw = Path(ev.evidence.get("raw", ""))
         if raw.is_file():  # per request: send/done times and every token's arrival, for the noise study
             shutil.copy(raw, args.out / f"{kind}-{len(rows) + 1}.jsonl")
-        rows.append({"gain": ev.gain, "lower_bound": ev.lower_bound, "approved": ev.approved, "threshold": ev.threshold,
+        rows.append({"baseline": base, "candidate": cand, "gain": ev.gain, "lower_bound": ev.lower_bound, "approved": ev.approved, "threshold": ev.threshold,
                      "sigma": ev.sigma, "blocks": ev.evidence.get("n"), "seconds": time.monotonic() - t,
                      "reasons": ev.reasons})  # fmt: skip
         print(f"{kind} {len(rows)}: gain {ev.gain:.4f} LB {ev.lower_bound:.4f} bar {ev.threshold:.2%} "
