@@ -4,6 +4,7 @@ Agents may call it but never change it; it guards its own source digest. Public 
 rest of the package is private.
 """
 
+from . import held_out
 from .audit import audit_system
 from .context import judge_digest, protected_paths
 from .engine import Request, SystemFailed
@@ -24,6 +25,7 @@ __all__ = [
     "compare",
     "controller_digest",
     "cost_report",
+    "held_out",
     "judge_digest",
     "lease",
     "measure_noise",

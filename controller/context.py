@@ -10,8 +10,10 @@ not the answer to the public one (SmolLM2, 64 tokens: 17 of 24 answers differ, f
 at the median; bench/tagged_answers.py), so a candidate that ships answers to the sets and paces
 them out emits wrong tokens, which the audit finds. (An answer a tag does not move could still be
 shipped, and shipped answers used as drafts gain on the tokens a tag left as they were: see
-docs/BENCHMARKS.md, "Public answers as drafts".) A request's source is `<pool id>#<tag>`; the
-draw and the sources are recorded in the run's evidence.
+docs/BENCHMARKS.md, "Public answers as drafts".) Where the operator has registered held-out
+prompts (held_out.py), the pool is those alone and nothing public answers them. A request's
+source is `<pool id>#<tag>`; the draw (`held_out` or not) and the sources are recorded in the
+run's evidence.
 
 A batch deployment (`serving.shape = "batch"`) is measured on groups: one group per batch size B
 (id `b{B}`, served B at a time), each of its own drawn requests (as many per set as the workload
@@ -28,9 +30,10 @@ import random
 from pathlib import Path
 
 from specpilot.deployments import Deployment, Home, SpecPilotError
-from specpilot.deployments.workloads import judged_prompts, load_requests, pool_file, request_file
+from specpilot.deployments.workloads import judged_pool, judged_prompts, load_requests, request_file
 from specpilot.memory_store import Workspace, records
 
+from . import held_out
 from .engine import Group, Request
 from .integrity import check_digest, controller_digest
 from .placement import available_cores, require_pairing
@@ -79,7 +82,8 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
     (an audit's further draws)."""
     seed = random.SystemRandom().getrandbits(64) if seed is None else seed
     rng = random.Random(seed)
-    pool = [r for r in load_requests(pool_file(dep, home)) if r.id not in exclude]
+    held = held_out.load(dep, home)
+    pool = [r for r in judged_pool(dep, home, held) if r.id not in exclude]
     by_set: dict[str, list] = {}
     for r in pool:
         by_set.setdefault(r.set, []).append(r)
@@ -89,9 +93,14 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
         have = by_set.get(name, [])
         if len(have) < k * n_groups:
             per = f" ({k} for each of {n_groups} batch sizes)" if n_groups > 1 else ""
+            where, fix = (
+                ("its held-out prompts hold", "add more with `specpilot workloads held-out add` or ")
+                if held is not None
+                else ("its pool holds", "")
+            )
             raise SpecPilotError(
                 f"deployment {dep.name!r}: a draw needs {k * n_groups} prompts of set {name!r}{per}, "
-                f"its pool holds {len(have)}; lower workload.sets.{name}"
+                f"{where} {len(have)}; {fix}lower workload.sets.{name}"
             )
         chosen += rng.sample(have, k * n_groups)
     tags = {r.id: f"{rng.getrandbits(32):08x}" for r in chosen}
@@ -109,7 +118,7 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
     )
     tags |= {r.id: f"{rng.getrandbits(32):08x}" for r in warm}
     picked = warm + chosen
-    prompts = judged_prompts(dep, home, [(r.id, tags[r.id]) for r in picked])
+    prompts = judged_prompts(dep, home, [(r.id, tags[r.id]) for r in picked], held=held)
     reqs = [Request(f"r{i:02d}", ids, r.max_new_tokens)
             for i, (ids, r) in enumerate(zip(prompts, picked, strict=True))]  # fmt: skip
     sources = {q.id: f"{r.id}#{tags[r.id]}" for q, r in zip(reqs, picked, strict=True)}
@@ -121,7 +130,7 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
         # A group's source names its members, so a speed record never pairs two different groups.
         sources |= {g.id: f"{g.batch}x[" + ",".join(sources[r.id] for r in g.requests) + "]" for g in groups}
         reqs = warm_reqs + groups
-    return reqs, {"seed": seed, "pool": len(pool), "sources": sources}
+    return reqs, {"seed": seed, "pool": len(pool), "held_out": held is not None, "sources": sources}
 
 
 def flatten(

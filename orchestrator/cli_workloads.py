@@ -1,6 +1,8 @@
-"""`specpilot workloads list|show|fetch`."""
+"""`specpilot workloads list|show|fetch|held-out`."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -152,3 +154,57 @@ def fetch(
             _render_requests(con, data["request_file"])
 
     emit(c, data, render)
+
+
+held = typer.Typer(
+    help="Prompts of your own, judged in place of the public sets (no agent or judged system sees them).",
+    no_args_is_help=True,
+)
+app.add_typer(held, name="held-out")
+
+
+@held.command("add")
+def held_add(
+    ctx: typer.Context,
+    source: Path = typer.Argument(
+        ..., help='JSONL: {"set": S, "turns": [...]} or {"set": S, "prompt": ...} a line.'
+    ),
+    deployment: str = typer.Option(..., "--deployment", "-d"),
+) -> None:
+    """Judge the deployment on these prompts from now on (replaces any before; Phase 0 is measured again)."""
+    from specpilot import controller
+
+    c: Ctx = ctx.obj
+    dep = load_deployment(deployment, c.home)
+    got = controller.held_out.store(dep, c.home, source)
+    data = {"deployment": dep.name, "held_out": got}
+    emit(c, data, lambda con: con.print(
+        f"{dep.name}: judged on {sum(got.values())} held-out prompts ({', '.join(f'{s} {n}' for s, n in got.items())}); "
+        f"Phase 0 runs again at the next round. You may delete {source}: it is kept in the controller's records."))  # fmt: skip
+
+
+@held.command("show")
+def held_show(ctx: typer.Context, deployment: str = typer.Option(..., "--deployment", "-d")) -> None:
+    """How many held-out prompts the deployment is judged on, per set (never their text)."""
+    from specpilot import controller
+    from specpilot.deployments.workloads import held_out
+
+    c: Ctx = ctx.obj
+    dep = load_deployment(deployment, c.home)
+    prompts = controller.held_out.load(dep, c.home)
+    data = {"deployment": dep.name, "held_out": None if prompts is None else held_out.counts(prompts)}
+    emit(c, data, lambda con: con.print(
+        f"{dep.name}: judged on the public sets ({', '.join(dep.workload.sets)})" if prompts is None else
+        f"{dep.name}: judged on {len(prompts)} held-out prompts ({', '.join(f'{s} {n}' for s, n in data['held_out'].items())})"))  # fmt: skip
+
+
+@held.command("remove")
+def held_remove(ctx: typer.Context, deployment: str = typer.Option(..., "--deployment", "-d")) -> None:
+    """Judge on the public sets again (Phase 0 is measured again)."""
+    from specpilot import controller
+
+    c: Ctx = ctx.obj
+    dep = load_deployment(deployment, c.home)
+    gone = controller.held_out.clear(dep, c.home)
+    emit(c, {"deployment": dep.name, "removed": gone}, lambda con: con.print(
+        f"{dep.name}: held-out prompts removed; judged on the public sets" if gone else f"{dep.name}: had no held-out prompts"))  # fmt: skip

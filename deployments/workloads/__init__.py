@@ -4,6 +4,7 @@ from .chat import ChatTemplate, load_chat_template, target_folder
 from .request_files import (
     VARIANT,
     Request,
+    judged_pool,
     judged_prompts,
     load_requests,
     pool_file,
@@ -21,6 +22,7 @@ __all__ = [
     "SetInfo",
     "VARIANT",
     "available_offline",
+    "judged_pool",
     "judged_prompts",
     "load_chat_template",
     "load_prompts",

@@ -70,15 +70,34 @@ def pool_file(dep: Deployment, home: Home) -> Path:
     return _build(dep, pool, home, everything, template, kind="pool")
 
 
+def judged_pool(dep: Deployment, home: Home, held: list[Prompt] | None = None) -> list[Request]:
+    """What the controller draws judged requests from: the deployment's held-out prompts where it
+    has them (`held`, held_out.py), else every prompt of its sets (`pool_file`)."""
+    if held is None:
+        return load_requests(pool_file(dep, home))
+    w = dep.workload
+    template = load_chat_template(target_folder(dep, home))
+    return [Request(p.id, p.set, template.encode(p.turns[0], w.system_prompt, w.thinking), w.max_new_tokens)
+            for p in held]  # fmt: skip
+
+
 def judged_prompts(
-    dep: Deployment, home: Home, picks: list[tuple[str, str]], variant: str = VARIANT
+    dep: Deployment,
+    home: Home,
+    picks: list[tuple[str, str]],
+    variant: str = VARIANT,
+    held: list[Prompt] | None = None,
 ) -> list[list[int]]:
     """Token ids of pool prompts as the controller judges them: `(pool id, tag)` each rendered
     like a request from its first turn under the tag (`variant`: the controller's `VARIANT`; a
     benchmark may try another form)."""
     w = dep.workload
     template = load_chat_template(target_folder(dep, home))
-    by_id = {p.id: p for name in w.sets for p in load_prompts(name, home)}
+    by_id = (
+        {p.id: p for p in held}
+        if held is not None
+        else {p.id: p for n in w.sets for p in load_prompts(n, home)}
+    )
     return [
         template.encode(variant.format(tag=tag, turn=by_id[pid].turns[0]), w.system_prompt, w.thinking)
         for pid, tag in picks

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from specpilot import controller
+from specpilot.controller.evaluate import PUBLIC
 from specpilot.controller.stats import MIN_LOOK
 from specpilot.deployments import Home, SpecPilotError, load_deployment
 from specpilot.deployments.registry import SHIPPED
@@ -120,6 +121,8 @@ def test_removing_a_per_step_cost_is_approved(judged):
     assert ev.gain > 1.1 and ev.lower_bound > 1 + ev.threshold
     assert not ev.changes_output and ev.evidence["design"] == "sliced"
     assert ev.evidence["n"] == 4, "a clear gain is decided at the first look (two rounds of two blocks)"
+    # Judged on the public sets (no held-out prompts registered): the approval says what that leaves open.
+    assert ev.evidence["draw"]["held_out"] is False and PUBLIC in ev.evidence["notes"]
     _assert_sliced(ev, dep)
     audit = ev.evidence["audit"]
     assert audit["passed"]
