@@ -90,7 +90,8 @@ def judged_prompts(
 ) -> list[list[int]]:
     """Token ids of pool prompts as the controller judges them: `(pool id, tag)` each rendered
     like a request from its first turn under the tag (`variant`: the controller's `VARIANT`; a
-    benchmark may try another form)."""
+    benchmark may try another form); the picks are of `held` where given (the deployment's
+    held-out prompts), else of its public sets."""
     w = dep.workload
     template = load_chat_template(target_folder(dep, home))
     by_id = (
