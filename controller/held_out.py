@@ -20,7 +20,7 @@ MEASURED_ON_THE_POOL = ("phase0", "noise")  # states measured on the judged prom
 
 def store(dep: Deployment, home: Home, source: Path) -> dict[str, int]:
     """Check `source` (JSONL, held_out.parse) and make it the deployment's held-out prompts in one
-    write; returns prompts per set."""
+    write (after clearing what was measured on the prompts before); returns prompts per set."""
     try:
         text = Path(source).read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -41,9 +41,9 @@ def store(dep: Deployment, home: Home, source: Path) -> dict[str, int]:
             f"warm-up); add prompts or lower workload.sets"
         )
     db = connect(home)
-    records.set_state(db, dep.name, KEY, {"prompts": held_out.to_rows(prompts)})
-    for key in MEASURED_ON_THE_POOL:
+    for key in MEASURED_ON_THE_POOL:  # first: cut short after it, the old prompts are measured again
         records.set_state(db, dep.name, key, None)
+    records.set_state(db, dep.name, KEY, {"prompts": held_out.to_rows(prompts)})
     return got
 
 
@@ -52,9 +52,9 @@ def clear(dep: Deployment, home: Home) -> bool:
     db = connect(home)
     if records.get_state(db, dep.name, KEY) is None:
         return False
-    records.set_state(db, dep.name, KEY, None)
     for key in MEASURED_ON_THE_POOL:
         records.set_state(db, dep.name, key, None)
+    records.set_state(db, dep.name, KEY, None)
     return True
 
 
