@@ -1,5 +1,6 @@
 """Workloads: real benchmark prompt sets, the target's chat template, and request files (CONTRACTS §6)."""
 
+from . import held_out
 from .chat import ChatTemplate, load_chat_template, target_folder
 from .request_files import (
     VARIANT,
@@ -22,6 +23,7 @@ __all__ = [
     "SetInfo",
     "VARIANT",
     "available_offline",
+    "held_out",
     "judged_pool",
     "judged_prompts",
     "load_chat_template",
