@@ -149,10 +149,10 @@ def judge(dep, home, res: dict, args, left, save) -> None:
     from specpilot.memory_store.workspace import Workspace
 
     db = connect(home)
-    copy = aa_copy(dep, home)
+    copy, slow = aa_copy(dep, home), slowed(Workspace.init(home, dep)[0], dep, home, 0.03)
     pairs = {  # A/A alternates which side the copy is on: a lean that follows the copy is the copy's own
         "aa": lambda n: ("stock", copy) if n % 2 == 0 else (copy, "stock"),
-        "gain3": lambda n: (slowed(Workspace.init(home, dep)[0], dep, home, 0.03), "stock"),
+        "gain3": lambda n: (slow, "stock"),
     }
     want = {"aa": args.aa, "gain3": args.gain3}
     while left() > 60:
