@@ -163,6 +163,10 @@ held = typer.Typer(
 app.add_typer(held, name="held-out")
 
 
+def _per_set(counts: dict[str, int]) -> str:
+    return f"{sum(counts.values())} held-out prompts ({', '.join(f'{s} {n}' for s, n in counts.items())})"
+
+
 @held.command("add")
 def held_add(
     ctx: typer.Context,
@@ -179,7 +183,7 @@ def held_add(
     got = controller.held_out.store(dep, c.home, source)
     data = {"deployment": dep.name, "held_out": got}
     emit(c, data, lambda con: con.print(
-        f"{dep.name}: judged on {sum(got.values())} held-out prompts ({', '.join(f'{s} {n}' for s, n in got.items())}); "
+        f"{dep.name}: judged on {_per_set(got)}; "
         f"Phase 0 runs again at the next round. You may delete {source}: it is kept in the controller's records."))  # fmt: skip
 
 
@@ -195,7 +199,7 @@ def held_show(ctx: typer.Context, deployment: str = typer.Option(..., "--deploym
     data = {"deployment": dep.name, "held_out": None if prompts is None else held_out.counts(prompts)}
     emit(c, data, lambda con: con.print(
         f"{dep.name}: judged on the public sets ({', '.join(dep.workload.sets)})" if prompts is None else
-        f"{dep.name}: judged on {len(prompts)} held-out prompts ({', '.join(f'{s} {n}' for s, n in data['held_out'].items())})"))  # fmt: skip
+        f"{dep.name}: judged on {_per_set(data['held_out'])}"))  # fmt: skip
 
 
 @held.command("remove")

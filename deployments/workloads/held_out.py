@@ -18,8 +18,6 @@ target's chat template, a secret tag).
 
 from __future__ import annotations
 
-import json
-
 from ..errors import SpecPilotError
 from ..spec import Deployment
 from .sources import Prompt, _generic, _read_jsonl
@@ -28,10 +26,16 @@ PREFIX = "held"  # held-out prompt ids: held-<set>-<id>, never a public prompt's
 
 
 def parse(dep: Deployment, text: str, where: str) -> list[Prompt]:
-    """The prompts of a held-out file, checked: every line names a set of the deployment's
-    workload and has a non-empty first turn; ids are unique."""
+    """The prompts of a held-out JSONL file, checked (`from_rows`)."""
+    return from_rows(dep, _read_jsonl(text, where), where)
+
+
+def from_rows(dep: Deployment, rows: list[dict], where: str | None = None) -> list[Prompt]:
+    """Held-out prompts from their rows (a file's lines, or as stored: `to_rows`), checked: every
+    row names a set of the deployment's workload and has non-empty turns; ids are unique."""
+    where = where or f"deployment {dep.name!r}'s held-out prompts"
     prompts: list[Prompt] = []
-    for n, row in enumerate(_read_jsonl(text, where), 1):
+    for n, row in enumerate(rows, 1):
         name = row.get("set")
         if name not in dep.workload.sets:
             raise SpecPilotError(
@@ -73,7 +77,3 @@ def counts(prompts: list[Prompt]) -> dict[str, int]:
 def to_rows(prompts: list[Prompt]) -> list[dict]:
     """The prompts as stored: what `from_rows` reads back."""
     return [{"set": p.set, "id": p.id[len(f"{PREFIX}-{p.set}-") :], "turns": p.turns} for p in prompts]
-
-
-def from_rows(dep: Deployment, rows: list[dict]) -> list[Prompt]:
-    return parse(dep, "\n".join(json.dumps(r) for r in rows), f"deployment {dep.name!r}'s held-out prompts")
