@@ -51,6 +51,7 @@ def main() -> None:
     args = ap.parse_args()
     t_start = time.monotonic()
     left = lambda: args.budget_s - (time.monotonic() - t_start)  # noqa: E731
+    args.out.mkdir(parents=True, exist_ok=True)
     result_file = args.out / "gpu_round_smollm_h200.json"
     res: dict = json.loads(result_file.read_text()) if result_file.is_file() else {}
 
