@@ -11,8 +11,9 @@ at the median; bench/tagged_answers.py), so a candidate that ships answers to th
 them out emits wrong tokens, which the audit finds. (An answer a tag does not move could still be
 shipped, and shipped answers used as drafts gain on the tokens a tag left as they were: see
 docs/BENCHMARKS.md, "Public answers as drafts".) Where the operator has registered held-out
-prompts (held_out.py), the pool is those alone and nothing public answers them. A request's
-source is `<pool id>#<tag>`; the draw (`held_out` or not) and the sources are recorded in the
+prompts (held_out.py), the pool is those alone and nothing public answers them; else, with
+`controller.prompts = "composed"`, the pool is the one Phase 0 composed (composed.py). A request's
+source is `<pool id>#<tag>`; the draw (`held_out`, `composed`) and the sources are recorded in the
 run's evidence.
 
 A batch deployment (`serving.shape = "batch"`) is measured on groups: one group per batch size B
@@ -33,7 +34,7 @@ from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.deployments.workloads import judged_pool, judged_prompts, load_requests, request_file
 from specpilot.memory_store import Workspace, records
 
-from . import held_out
+from . import composed, held_out
 from .engine import Group, Request
 from .integrity import check_digest, controller_digest
 from .placement import available_cores, require_pairing
@@ -82,7 +83,14 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
     (an audit's further draws)."""
     seed = random.SystemRandom().getrandbits(64) if seed is None else seed
     rng = random.Random(seed)
-    held = held_out.load(dep, home)
+    held, composed_pool = held_out.load(dep, home), None
+    if held is None and dep.controller.prompts == "composed":
+        held = composed_pool = composed.load(dep, home)
+        if held is None:
+            raise SpecPilotError(
+                f"deployment {dep.name!r} judges on composed prompts and none are composed yet: run "
+                f"`specpilot phase0 -d {dep.name}` (Phase 0 composes them)"
+            )
     pool = [r for r in judged_pool(dep, home, held) if r.id not in exclude]
     by_set: dict[str, list] = {}
     for r in pool:
@@ -94,7 +102,9 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
         if len(have) < k * n_groups:
             per = f" ({k} for each of {n_groups} batch sizes)" if n_groups > 1 else ""
             where, fix = (
-                ("its held-out prompts hold", "add more with `specpilot workloads held-out add` or ")
+                ("its composed pool holds", "")
+                if composed_pool is not None
+                else ("its held-out prompts hold", "add more with `specpilot workloads held-out add` or ")
                 if held is not None
                 else ("its pool holds", "")
             )
@@ -130,7 +140,8 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
         # A group's source names its members, so a speed record never pairs two different groups.
         sources |= {g.id: f"{g.batch}x[" + ",".join(sources[r.id] for r in g.requests) + "]" for g in groups}
         reqs = warm_reqs + groups
-    return reqs, {"seed": seed, "pool": len(pool), "held_out": held is not None, "sources": sources}
+    return reqs, {"seed": seed, "pool": len(pool), "held_out": held is not None and composed_pool is None,
+                  "composed": composed_pool is not None, "sources": sources}  # fmt: skip
 
 
 def flatten(

@@ -47,11 +47,12 @@ UNCONFINED = (
     "its turns by process-group signals, its CPU time from /proc; the work check after its "
     "last request did not run"
 )
-# Said in every approval whose requests came from the public sets (no held-out prompts registered).
+# Said in every approval whose requests came from the public sets (neither held-out nor composed prompts).
 PUBLIC = (
     "judged on the public prompt sets (secret-tagged): a candidate that ships their answers and drafts "
     "from them would gain here and on no other prompts; `specpilot workloads held-out add` judges on "
-    "prompts of your own that no agent or system has seen"
+    "prompts of your own that no agent or system has seen (or controller.prompts = \"composed\", on a "
+    "pool the controller samples at Phase 0)"
 )
 MAX_DISTURBED = 0.25  # share of blocks that may be set aside for other load before a run gets no verdict
 
@@ -313,7 +314,7 @@ def compare(
     sigma = sigma_for(sd, len(quiet))
     if any(u.get("cpuset") is False for p in run.periods for u in p.usage.values()):
         verdict.notes.append(UNCONFINED)
-    if verdict.approved and not draw.get("held_out"):
+    if verdict.approved and not draw.get("held_out") and not draw.get("composed"):
         verdict.notes.append(PUBLIC)
     if (
         budget < c.budget_s

@@ -20,6 +20,7 @@ from specpilot.deployments import Deployment, Home, SpecPilotError, set_knob
 from specpilot.deployments.stock import LAUNCH_FILE
 from specpilot.memory_store import connect, records
 
+from . import composed, held_out
 from .adapters import adapter_for
 from .context import draw_requests, flatten, judge_digest, slots_of, workspace
 from .engine import Group, SystemFailed
@@ -64,6 +65,9 @@ def run_phase0(
     repo, cache = ws.repo_dir, ws.systems_cache
     stock = checkout(repo, "stock", cache)
     ar = ar_variant(dep, stock, cache)
+    if dep.controller.prompts == "composed" and held_out.load(dep, home) is None:
+        progress("composing the judged prompts")
+        composed.make(dep, home)  # a fresh pool for this Phase 0 and the comparisons after it
     reqs, draw = draw_requests(dep, home)
     run_id = records.add_run(db, dep.name, "phase0", stock.tree, ar.tree)
     raw = home.runs / f"{run_id}"

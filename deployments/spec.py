@@ -143,6 +143,10 @@ class ControllerSettings(_Strict):
     # process-group signals and /proc accounting instead, and says so in every verdict (a machine
     # lent without a writable /sys/fs/cgroup, like the H200 this project is lent).
     cgroups: Literal["required", "optional"] = "required"
+    # What judged requests are drawn from where the operator registered no held-out prompts: the
+    # public sets (secret-tagged), or a pool the controller composes afresh at each Phase 0 by
+    # sampling the stock target under a secret seed (controller/composed.py; refspec engines).
+    prompts: Literal["public", "composed"] = "public"
 
 
 class Deployment(_Strict):
@@ -172,6 +176,9 @@ class Deployment(_Strict):
             raise ValueError("engine 'refspec' runs a built-in stock tree: set stock.tree = 'refspec'")
         if self.engine == "sglang" and self.stock.wheel is None:
             raise ValueError("engine 'sglang' needs a pinned wheel: set stock.wheel = 'sglang==X.Y.Z'")
+        if self.engine != "refspec" and self.controller.prompts == "composed":
+            raise ValueError("controller.prompts 'composed' samples refspec's stock model; for engine "
+                             f"{self.engine!r} use 'public' and register held-out prompts")  # fmt: skip
         return self
 
     @model_validator(mode="after")

@@ -30,9 +30,10 @@ def parse(dep: Deployment, text: str, where: str) -> list[Prompt]:
     return from_rows(dep, _read_jsonl(text, where), where)
 
 
-def from_rows(dep: Deployment, rows: list[dict], where: str | None = None) -> list[Prompt]:
+def from_rows(dep: Deployment, rows: list[dict], where: str | None = None, prefix: str = PREFIX) -> list[Prompt]:
     """Held-out prompts from their rows (a file's lines, or as stored: `to_rows`), checked: every
-    row names a set of the deployment's workload and has non-empty turns; ids are unique."""
+    row names a set of the deployment's workload and has non-empty turns; ids (`<prefix>-<set>-<id>`)
+    are unique. (The controller's composed prompts, controller/composed.py, are stored alike.)"""
     where = where or f"deployment {dep.name!r}'s held-out prompts"
     prompts: list[Prompt] = []
     for n, row in enumerate(rows, 1):
@@ -52,7 +53,7 @@ def from_rows(dep: Deployment, rows: list[dict], where: str | None = None) -> li
             ):
                 raise ValueError("turns must be non-empty strings")
             native = fields.pop("id")
-            prompts.append(Prompt(set=name, index=n - 1, id=f"{PREFIX}-{name}-{native if native is not None else n}",
+            prompts.append(Prompt(set=name, index=n - 1, id=f"{prefix}-{name}-{native if native is not None else n}",
                                   **fields))  # fmt: skip
         except (KeyError, TypeError, ValueError) as e:
             raise SpecPilotError(
@@ -74,6 +75,6 @@ def counts(prompts: list[Prompt]) -> dict[str, int]:
     return out
 
 
-def to_rows(prompts: list[Prompt]) -> list[dict]:
-    """The prompts as stored: what `from_rows` reads back."""
-    return [{"set": p.set, "id": p.id[len(f"{PREFIX}-{p.set}-") :], "turns": p.turns} for p in prompts]
+def to_rows(prompts: list[Prompt], prefix: str = PREFIX) -> list[dict]:
+    """The prompts as stored: what `from_rows` (with the same `prefix`) reads back."""
+    return [{"set": p.set, "id": p.id[len(f"{prefix}-{p.set}-") :], "turns": p.turns} for p in prompts]

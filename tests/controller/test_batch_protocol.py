@@ -27,6 +27,7 @@ def batch_dep(tmp_path_factory):
     home = Home(tmp_path_factory.mktemp("batch") / "home")
     text = (SHIPPED / "smollm-cpu.toml").read_text().replace('name = "smollm-cpu"', f'name = "{BATCH}"')
     text = text.replace('shape = "single"', 'shape = "batch"\nbatch_sizes = [2, 3]')
+    text = text.replace('prompts = "composed"', 'prompts = "public"')  # the pool of 164 HumanEval prompts
     home.deployments.mkdir(parents=True, exist_ok=True)
     (home.deployments / f"{BATCH}.toml").write_text(text)
     dep = load_deployment(BATCH, home)

@@ -27,8 +27,10 @@ TAG = re.compile(r"^(?P<pool>[a-z0-9_-]+-[^#]+)#(?P<tag>[0-9a-f]{8})$")
 
 
 def _smollm(home) -> tuple[Home, object]:
+    """smollm-cpu judging on the public sets (shipped, it judges on composed prompts: test_composed.py)."""
     h = Home.resolve(home)
-    return h, load_deployment("smollm-cpu", h)
+    dep = load_deployment("smollm-cpu", h)
+    return h, dep.model_copy(update={"controller": dep.controller.model_copy(update={"prompts": "public"})})
 
 
 def test_each_judged_prompt_carries_a_tag_of_its_own(home):

@@ -35,8 +35,10 @@ def _write(path, rows) -> str:
 
 
 def _smollm(home) -> tuple[Home, object]:
+    """smollm-cpu judging on the public sets where no held-out prompts are registered."""
     h = Home.resolve(home)
-    return h, load_deployment("smollm-cpu", h)
+    dep = load_deployment("smollm-cpu", h)
+    return h, dep.model_copy(update={"controller": dep.controller.model_copy(update={"prompts": "public"})})
 
 
 def test_draws_come_from_the_held_out_prompts_alone(home, tmp_path):
