@@ -4,13 +4,13 @@ The public sets can be answered ahead of time, and answers shipped as drafts gai
 and on no others (docs/BENCHMARKS.md, "Public answers as drafts"); secret tags do not stop that.
 Held-out prompts (held_out.py) do, where an operator has them. A deployment with
 `controller.prompts = "composed"` gets such prompts without one: at each Phase 0 the controller
-writes a fresh pool of its own. Each prompt starts from a public prompt's opening (a code prompt's
-instruction and code fence, then `def`; else its first few tokens) and goes on with text the stock
-target samples (temperature 0.8, top-p 0.95) under a seed drawn from the OS and kept nowhere, cut
-at the first special token; a sample that shares a run of `NOVEL_NGRAM` tokens with any public
-prompt of its set (the model reciting a benchmark item) is drawn again. So the judged task (a code
-prompt's function name, signature and docstring; a question's substance) is one nobody saw before
-Phase 0, and no table of answers made beforehand holds its answer. The pool lives in the
+writes a fresh pool of its own, sampling the stock target (temperature 0.8, top-p 0.95) under a
+seed drawn from the OS and kept nowhere. A code prompt keeps a public one's instruction and code
+fence and is a stub, as HumanEval's are: a sampled signature (`def name(...):`), then a docstring
+sampled for it; a question keeps a public one's first 4 tokens and goes on with sampled text; each
+cut at the first special token. A sample that shares a run of `NOVEL_NGRAM` tokens with any public
+prompt of its set (the model reciting a benchmark item) is drawn again. So the judged task is one
+nobody saw before Phase 0, and no table of answers made beforehand holds its answer. The pool lives in the
 controller's records (state `composed`), which no agent reads and no judged system sees; it holds
 as many draws' worth of every set as a comparison and its audit's top-ups take, and two more.
 """
@@ -27,6 +27,7 @@ from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.deployments.workloads import Prompt, held_out, load_chat_template, load_prompts, target_folder
 from specpilot.memory_store import connect, records
 
+from .held_out import MEASURED_ON_THE_POOL
 from .scorer import _stock_model
 
 KEY = "composed"
@@ -37,6 +38,7 @@ SPARE_DRAWS = 2
 OPENING_TOKENS = 4  # a prompt with no `def `: its opening is this many tokens
 MIN_SAMPLED = 12  # a sample cut shorter than this by a special token is drawn again
 MAX_SAMPLED = 96
+SIGNATURE_TOKENS, DOC_TOKENS = 24, 64  # a stub's signature line and docstring: at most so many tokens
 TRIES = 4  # rounds of drawing again before the pool is declared short
 
 
@@ -66,6 +68,19 @@ def opening(text: str) -> str:
     return text[: line + 1] + "def" if line >= 0 else text[: at + 3]
 
 
+def signature(sampled: str) -> str | None:
+    """The first line of text sampled after `def`, where it is a signature (`name(...):`)."""
+    first = sampled.partition("\n")[0].rstrip()
+    return first if first.endswith(":") and "(" in first else None
+
+
+def docstring(sampled: str) -> str:
+    """Docstring text sampled after an opening `\"\"\"`: up to its closing quotes, or (cut short)
+    its whole lines, closed."""
+    body = sampled.split('"""')[0] if '"""' in sampled else sampled.rpartition("\n")[0]
+    return body.rstrip() + '\n    """'
+
+
 def _ngrams(ids: Sequence[int], n: int) -> set[tuple[int, ...]]:
     return {tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)}
 
@@ -92,6 +107,20 @@ def _sample(
     return [row[: next((j for j, t in enumerate(row) if t in stop), len(row))] for row in rows]
 
 
+def _continue(model, tok, texts: list[str], steps: int, stop: set[int], gen: torch.Generator) -> list[str]:
+    """Each text continued by up to `steps` sampled tokens (cut at a `stop` token), decoded; texts of
+    one token length sample in one batch."""
+    ids = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    out: list[str] = [""] * len(texts)
+    by_len: dict[int, list[int]] = {}
+    for i, row in enumerate(ids):
+        by_len.setdefault(len(row), []).append(i)
+    for members in by_len.values():
+        for i, cont in zip(members, _sample(model, [ids[i] for i in members], steps, stop, gen), strict=True):
+            out[i] = tok.decode(cont)
+    return out
+
+
 def compose(dep: Deployment, home: Home, seed: int) -> list[Prompt]:
     """A fresh pool: `pool_size` composed prompts of every set of the workload (see the module)."""
     if dep.engine != "refspec":
@@ -113,20 +142,35 @@ def compose(dep: Deployment, home: Home, seed: int) -> list[Prompt]:
         steps = min(MAX_SAMPLED, max(MIN_SAMPLED * 2, int(statistics.median(len(i) for i in public_ids))))
         want, made = pool_size(dep, name), []
         for _ in range(TRIES):
-            picks = [rng.randrange(len(public)) for _ in range(want - len(made))]
-            by_len: dict[int, list[tuple[str, list[int]]]] = {}
-            for k in picks:
-                head = opening(public[k].turns[0])
-                ids = (
-                    tok.encode(head, add_special_tokens=False).ids if head else public_ids[k][:OPENING_TOKENS]
-                )
-                by_len.setdefault(len(ids), []).append((head or tok.decode(ids), ids))
-            for group in by_len.values():
-                heads, conts = [h for h, _ in group], _sample(model, [i for _, i in group], steps, stop, gen)
-                for head, cont in zip(heads, conts, strict=True):
-                    if len(cont) >= MIN_SAMPLED and not _ngrams(cont, NOVEL_NGRAM) & seen:
-                        text = head + tok.decode(cont)
-                        made.append(text + "\n```" if text.count("```") % 2 else text)  # close its fence
+            picks = [public[rng.randrange(len(public))].turns[0] for _ in range(want - len(made))]
+            heads = [opening(t) or tok.decode(tok.encode(t, add_special_tokens=False).ids[:OPENING_TOKENS])
+                     for t in picks]  # fmt: skip
+            code = [i for i, h in enumerate(heads) if h.endswith("def")]
+            other = [i for i in range(len(heads)) if i not in code]
+            texts = [""] * len(heads)  # what each prompt adds to its opening ("": drawn again)
+            for i, t in zip(
+                other, _continue(model, tok, [heads[i] for i in other], steps, stop, gen), strict=True
+            ):
+                texts[i] = t
+            # A code prompt is a stub, as HumanEval's are: a sampled signature, then a docstring sampled for it.
+            sigs = _continue(model, tok, [heads[i] for i in code], SIGNATURE_TOKENS, stop, gen)
+            ok = [(i, sig) for i, t in zip(code, sigs, strict=True) if (sig := signature(t)) is not None]
+            opened = [sig + '\n    """' for _, sig in ok]
+            docs = _continue(
+                model,
+                tok,
+                [heads[i] + o for (i, _), o in zip(ok, opened, strict=True)],
+                DOC_TOKENS,
+                stop,
+                gen,
+            )
+            for (i, _), o, d in zip(ok, opened, docs, strict=True):
+                texts[i] = o + docstring(d)
+            for head, body in zip(heads, texts, strict=True):
+                new = tok.encode(body, add_special_tokens=False).ids
+                if len(new) >= MIN_SAMPLED and not _ngrams(new, NOVEL_NGRAM) & seen:
+                    text = head + body
+                    made.append(text + "\n```" if text.count("```") % 2 else text)  # close its fence
             if len(made) >= want:
                 break
         if len(made) < want:
@@ -141,7 +185,10 @@ def compose(dep: Deployment, home: Home, seed: int) -> list[Prompt]:
 def make(dep: Deployment, home: Home) -> dict[str, int]:
     """Compose a fresh pool under a seed from the OS and store it (replacing the last); per set."""
     prompts = compose(dep, home, random.SystemRandom().getrandbits(63))
-    records.set_state(connect(home), dep.name, KEY, {"prompts": held_out.to_rows(prompts, prefix=PREFIX)})
+    db = connect(home)
+    for key in MEASURED_ON_THE_POOL:  # measured on the last pool (its ids name other prompts now)
+        records.set_state(db, dep.name, key, None)
+    records.set_state(db, dep.name, KEY, {"prompts": held_out.to_rows(prompts, prefix=PREFIX)})
     return held_out.counts(prompts)
 
 

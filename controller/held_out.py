@@ -15,7 +15,9 @@ from specpilot.deployments.workloads import Prompt, held_out
 from specpilot.memory_store import connect, records
 
 KEY = "held_out"
-MEASURED_ON_THE_POOL = ("phase0", "noise")  # states measured on the judged prompts
+# States measured on the judged prompts: Phase 0, the stock noise, the baselines' speed records
+# (keyed by pool id, which a new set may give to another prompt).
+MEASURED_ON_THE_POOL = ("phase0", "noise", "speeds")
 
 
 def store(dep: Deployment, home: Home, source: Path) -> dict[str, int]:

@@ -16,6 +16,7 @@ from specpilot.controller import composed
 from specpilot.controller.context import draw_requests, more_requests
 from specpilot.deployments import Deployment, Home, SpecPilotError, load_deployment
 from specpilot.deployments.workloads import VARIANT, load_chat_template, load_prompts, target_folder
+from specpilot.memory_store import connect, records
 
 SOURCE = re.compile(r"^comp-(?P<set>humaneval|mtbench)-(?P<n>\d+)#(?P<tag>[0-9a-f]{8})$")
 
@@ -55,6 +56,10 @@ def test_a_composed_pool_is_new_text_and_secret_to_its_seed(home):
             assert len(new) >= composed.MIN_SAMPLED
             assert not any(tuple(new[i : i + n]) in runs for i in range(len(new) - n + 1)), text
             assert "<|im_end|>" not in text and "<|im_start|>" not in text
+            if name == "humaneval":  # a stub: a sampled signature and its docstring, the fence closed
+                assert re.fullmatch(r' [^\n]*\([^\n]*:\n    """.*\n    """\n```', text[len(head) :], re.S), (
+                    text
+                )
     # Another seed, another pool: no text of one is in the other.
     assert not {p.turns[0] for p in pool} & {p.turns[0] for p in composed.compose(dep, h, seed=2)}
 
@@ -65,7 +70,10 @@ def test_draws_come_from_phase0s_pool_and_an_operators_set_comes_first(home, tmp
         SpecPilotError, match=re.escape("none are composed yet: run `specpilot phase0 -d smollm-cpu`")
     ):
         draw_requests(dep, h)
+    records.set_state(connect(h), dep.name, "speeds", {"stock:sliced": {"comp-humaneval-0#00000000": 1.0}})
     assert composed.make(dep, h) == {"humaneval": 8, "mtbench": 8}
+    # The baselines' speed records name pool ids, which the new pool gives to other prompts.
+    assert records.get_state(connect(h), dep.name, "speeds") is None
     texts = {p.id: p.turns[0] for p in composed.load(dep, h)}
     template = load_chat_template(target_folder(dep, h))
     reqs, draw = draw_requests(dep, h)
