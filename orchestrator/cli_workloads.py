@@ -167,6 +167,13 @@ def _per_set(counts: dict[str, int]) -> str:
     return f"{sum(counts.values())} held-out prompts ({', '.join(f'{s} {n}' for s, n in counts.items())})"
 
 
+def _otherwise(dep) -> str:
+    """What the deployment is judged on without held-out prompts (controller.prompts)."""
+    if dep.controller.prompts == "composed":
+        return "prompts each Phase 0 composes (controller.prompts = composed)"
+    return f"the public sets ({', '.join(dep.workload.sets)})"
+
+
 @held.command("add")
 def held_add(
     ctx: typer.Context,
@@ -198,17 +205,17 @@ def held_show(ctx: typer.Context, deployment: str = typer.Option(..., "--deploym
     prompts = controller.held_out.load(dep, c.home)
     data = {"deployment": dep.name, "held_out": None if prompts is None else held_out.counts(prompts)}
     emit(c, data, lambda con: con.print(
-        f"{dep.name}: judged on the public sets ({', '.join(dep.workload.sets)})" if prompts is None else
+        f"{dep.name}: judged on {_otherwise(dep)}" if prompts is None else
         f"{dep.name}: judged on {_per_set(data['held_out'])}"))  # fmt: skip
 
 
 @held.command("remove")
 def held_remove(ctx: typer.Context, deployment: str = typer.Option(..., "--deployment", "-d")) -> None:
-    """Judge on the public sets again (Phase 0 is measured again)."""
+    """Judge without them again: on the public sets, or on composed prompts (Phase 0 is measured again)."""
     from specpilot import controller
 
     c: Ctx = ctx.obj
     dep = load_deployment(deployment, c.home)
     gone = controller.held_out.clear(dep, c.home)
     emit(c, {"deployment": dep.name, "removed": gone}, lambda con: con.print(
-        f"{dep.name}: held-out prompts removed; judged on the public sets" if gone else f"{dep.name}: had no held-out prompts"))  # fmt: skip
+        f"{dep.name}: held-out prompts removed; judged on {_otherwise(dep)}" if gone else f"{dep.name}: had no held-out prompts"))  # fmt: skip
