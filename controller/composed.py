@@ -8,11 +8,12 @@ writes a fresh pool of its own, sampling the stock target (temperature 0.8, top-
 seed drawn from the OS and kept nowhere. A code prompt keeps a public one's instruction and code
 fence and is a stub, as HumanEval's are: a sampled signature (`def name(...):`), then a docstring
 sampled for it; a question keeps a public one's first 4 tokens and goes on with sampled text; each
-cut at the first special token. A sample that shares a run of `NOVEL_NGRAM` tokens with any public
-prompt of its set (the model reciting a benchmark item) is drawn again. So the judged task is one
-nobody saw before Phase 0, and no table of answers made beforehand holds its answer. The pool lives in the
-controller's records (state `composed`), which no agent reads and no judged system sees; it holds
-as many draws' worth of every set as a comparison and its audit's top-ups take, and two more.
+cut at the first special token. A sample that repeats one of the pool, or shares a run of
+`NOVEL_NGRAM` tokens with any public prompt of its set (the model reciting a benchmark item), is
+drawn again. So the judged task is one nobody saw before Phase 0, and no table of answers made
+beforehand holds its answer. The pool lives in the controller's records (state `composed`), which
+no agent reads and no judged system sees; it holds as many draws' worth of every set as a
+comparison and its audit's top-ups take, and two more.
 """
 
 from __future__ import annotations
@@ -129,9 +130,7 @@ def compose(dep: Deployment, home: Home, seed: int) -> list[Prompt]:
             f'{dep.engine!r} has none here: set controller.prompts = "public" or register held-out prompts'
         )
     tok = load_chat_template(target_folder(dep, home)).tokenizer
-    stop = {
-        i for t, i in tok.get_vocab(with_added_tokens=True).items() if t.startswith("<|")
-    }  # chat markers, EOS
+    stop = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}  # EOS, chat markers, ...
     model = _stock_model(dep.target.model, str(home.cache), "cpu")
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     rows: list[dict] = []
@@ -168,9 +167,10 @@ def compose(dep: Deployment, home: Home, seed: int) -> list[Prompt]:
                 texts[i] = o + docstring(d)
             for head, body in zip(heads, texts, strict=True):
                 new = tok.encode(body, add_special_tokens=False).ids
-                if len(new) >= MIN_SAMPLED and not _ngrams(new, NOVEL_NGRAM) & seen:
-                    text = head + body
-                    made.append(text + "\n```" if text.count("```") % 2 else text)  # close its fence
+                text = head + body
+                text += "\n```" if text.count("```") % 2 else ""  # close its fence
+                if len(new) >= MIN_SAMPLED and not _ngrams(new, NOVEL_NGRAM) & seen and text not in made:
+                    made.append(text)
             if len(made) >= want:
                 break
         if len(made) < want:
