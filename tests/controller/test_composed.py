@@ -40,6 +40,7 @@ def test_a_composed_pool_is_new_text_and_secret_to_its_seed(home):
         f"comp-humaneval-{i}" for i in range(composed.pool_size(dep, "humaneval"))
     ] + [f"comp-mtbench-{i}" for i in range(composed.pool_size(dep, "mtbench"))]
     assert composed.draws(dep) == 4 and composed.pool_size(dep, "humaneval") == 4 * (1 + 1)
+    assert len({p.turns[0] for p in pool}) == len(pool), "a pool holds no text twice"
     n = composed.NOVEL_NGRAM
     for name in ("humaneval", "mtbench"):
         public = [p.turns[0] for p in load_prompts(name, h)]
