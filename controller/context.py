@@ -95,7 +95,7 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
     by_set: dict[str, list] = {}
     for r in pool:
         by_set.setdefault(r.set, []).append(r)
-    n_groups = len(dep.serving.batch_sizes) if dep.serving.shape == "batch" else 1
+    n_groups = dep.groups
     chosen = []
     for name, k in dep.workload.sets.items():
         have = by_set.get(name, [])

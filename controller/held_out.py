@@ -29,7 +29,7 @@ def store(dep: Deployment, home: Home, source: Path) -> dict[str, int]:
         raise SpecPilotError(f"{source}: cannot read the held-out prompts ({e}); give a JSONL file") from None
     prompts = held_out.parse(dep, text, str(source))
     got = held_out.counts(prompts)
-    groups = len(dep.serving.batch_sizes) if dep.serving.shape == "batch" else 1
+    groups = dep.groups
     short = [
         f"{s}: {got.get(s, 0)} of {k * groups}"
         for s, k in dep.workload.sets.items()

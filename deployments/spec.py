@@ -194,6 +194,11 @@ class Deployment(_Strict):
         return self
 
     @property
+    def groups(self) -> int:
+        """Request groups a judged draw holds: one per batch size of a batch deployment, else 1."""
+        return len(self.serving.batch_sizes) if self.serving.shape == "batch" else 1
+
+    @property
     def design(self) -> str:
         """The paired design the controller runs (controller.design, 'auto' resolved)."""
         d = self.controller.design
