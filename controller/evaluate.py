@@ -51,7 +51,7 @@ UNCONFINED = (
 PUBLIC = (
     "judged on the public prompt sets (secret-tagged): a candidate that ships their answers and drafts "
     "from them would gain here and on no other prompts; `specpilot workloads held-out add` judges on "
-    "prompts of your own that no agent or system has seen (or controller.prompts = \"composed\", on a "
+    'prompts of your own that no agent or system has seen (or controller.prompts = "composed", on a '
     "pool the controller samples at Phase 0)"
 )
 MAX_DISTURBED = 0.25  # share of blocks that may be set aside for other load before a run gets no verdict

@@ -30,7 +30,9 @@ def parse(dep: Deployment, text: str, where: str) -> list[Prompt]:
     return from_rows(dep, _read_jsonl(text, where), where)
 
 
-def from_rows(dep: Deployment, rows: list[dict], where: str | None = None, prefix: str = PREFIX) -> list[Prompt]:
+def from_rows(
+    dep: Deployment, rows: list[dict], where: str | None = None, prefix: str = PREFIX
+) -> list[Prompt]:
     """Held-out prompts from their rows (a file's lines, or as stored: `to_rows`), checked: every
     row names a set of the deployment's workload and has non-empty turns; ids (`<prefix>-<set>-<id>`)
     are unique. (The controller's composed prompts, controller/composed.py, are stored alike.)"""
