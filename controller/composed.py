@@ -57,8 +57,7 @@ def pool_size(dep: Deployment, name: str) -> int:
 
 def opening(text: str) -> str:
     """What a composed prompt keeps of a public one: a code prompt's instruction and code fence, then
-    `def` (its imports left out, so every opening of a set is one length and samples in one batch);
-    else nothing here (the caller keeps the prompt's first few tokens)."""
+    `def` (its imports left out); else nothing here (the caller keeps the prompt's first few tokens)."""
     at = text.find("def ")
     if at < 0:
         return ""
@@ -84,16 +83,33 @@ def _ngrams(ids: Sequence[int], n: int) -> set[tuple[int, ...]]:
     return {tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)}
 
 
+def _prefill(model, openings: list[list[int]], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Openings of any lengths in one batch, padded on the left to the longest (s tokens), with room
+    for `steps` more: their last rows' logits [n, 1, V], and `real` [n, s + steps], True where a
+    row's cache slot holds one of its own tokens. A pad attends only to itself (finite K/V that no
+    real row attends to); RoPE is relative, so each row's logits are those of its opening alone."""
+    n, s = len(openings), max(map(len, openings))
+    pads = torch.tensor([s - len(o) for o in openings])
+    real = torch.arange(s + steps)[None, :] >= pads[:, None]
+    tokens = torch.tensor([[0] * (s - len(o)) + o for o in openings])
+    model.setup_cache(n, s + steps)
+    mask = (torch.ones(s, s, dtype=torch.bool).tril() & real[:, None, :s]) | torch.eye(s, dtype=torch.bool)
+    return model.forward(tokens, torch.arange(s), 0, mask, s, logits_rows=slice(s - 1, s)), real
+
+
+def _decode(model, nxt: torch.Tensor, at: int, real: torch.Tensor) -> torch.Tensor:
+    """Logits [n, 1, V] after the tokens `nxt` [n, 1], written at cache slot `at` of every row."""
+    return model.forward(nxt, torch.tensor([at]), at, real[:, None, : at + 1], at + 1)
+
+
 @torch.inference_mode()
 def _sample(
     model, openings: list[list[int]], steps: int, stop: set[int], gen: torch.Generator
 ) -> list[list[int]]:
-    """Continue each opening (all of one length) by up to `steps` sampled tokens, in one batch;
-    each continuation cut before its first `stop` token."""
-    n, s = len(openings), len(openings[0])
-    model.setup_cache(n, s + steps)
-    mask = torch.ones(s, s, dtype=torch.bool).tril()
-    logits = model.forward(torch.tensor(openings), torch.arange(s), 0, mask, s, logits_rows=slice(s - 1, s))
+    """Continue each opening by up to `steps` sampled tokens, all in one batch; each continuation cut
+    before its first `stop` token."""
+    logits, real = _prefill(model, openings, steps)
+    s = real.shape[1] - steps
     out = []
     for i in range(steps):
         p = torch.softmax(logits[:, -1] / TEMPERATURE, dim=-1)
@@ -101,23 +117,18 @@ def _sample(
         sp = sp * (sp.cumsum(-1) - sp < TOP_P)  # the nucleus: the top tokens up to TOP_P of the mass
         nxt = si.gather(1, torch.multinomial(sp, 1, generator=gen))
         out.append(nxt)
-        logits = model.forward(nxt, torch.tensor([s + i]), s + i, None, s + i + 1)
+        if i + 1 < steps:
+            logits = _decode(model, nxt, s + i, real)
     rows = torch.cat(out, 1).tolist()
     return [row[: next((j for j, t in enumerate(row) if t in stop), len(row))] for row in rows]
 
 
 def _continue(model, tok, texts: list[str], steps: int, stop: set[int], gen: torch.Generator) -> list[str]:
-    """Each text continued by up to `steps` sampled tokens (cut at a `stop` token), decoded; texts of
-    one token length sample in one batch."""
+    """Each text continued by up to `steps` sampled tokens (cut at a `stop` token), decoded."""
+    if not texts:
+        return []
     ids = [tok.encode(t, add_special_tokens=False).ids for t in texts]
-    out: list[str] = [""] * len(texts)
-    by_len: dict[int, list[int]] = {}
-    for i, row in enumerate(ids):
-        by_len.setdefault(len(row), []).append(i)
-    for members in by_len.values():
-        for i, cont in zip(members, _sample(model, [ids[i] for i in members], steps, stop, gen), strict=True):
-            out[i] = tok.decode(cont)
-    return out
+    return [tok.decode(cont) for cont in _sample(model, ids, steps, stop, gen)]
 
 
 def compose(dep: Deployment, home: Home, seed: int) -> list[Prompt]:

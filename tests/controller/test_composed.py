@@ -65,6 +65,29 @@ def test_a_composed_pool_is_new_text_and_secret_to_its_seed(home):
     assert not {p.turns[0] for p in pool} & {p.turns[0] for p in composed.compose(dep, h, seed=2)}
 
 
+def test_openings_of_any_lengths_sample_in_one_batch_as_each_would_alone(home):
+    """The pads that put openings of several lengths in one batch are masked out: each row's next-
+    token logits, at the prompt and after a sampled token, are those of the opening run alone."""
+    import torch
+
+    from specpilot.controller.scorer import _stock_model
+
+    h, dep = _small(home)
+    tok = load_chat_template(target_folder(dep, h)).tokenizer
+    model = _stock_model(dep.target.model, str(h.cache), "cpu")
+    texts = ["def add(a, b):\n    return", "Write a haiku about", "x"]
+    openings = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    assert len({len(o) for o in openings}) == 3
+    batch, real = composed._prefill(model, openings, steps=2)
+    nxt = batch[:, -1].argmax(-1, keepdim=True)
+    after = composed._decode(model, nxt, max(map(len, openings)), real)
+    for i, ids in enumerate(openings):
+        alone, one = composed._prefill(model, [ids], steps=2)
+        assert torch.allclose(batch[i, -1], alone[0, -1], atol=1e-4), texts[i]
+        again = composed._decode(model, nxt[i : i + 1], len(ids), one)
+        assert torch.allclose(after[i, -1], again[0, -1], atol=1e-4), texts[i]
+
+
 def test_draws_come_from_phase0s_pool_and_an_operators_set_comes_first(home, tmp_path):
     h, dep = _small(home)
     with pytest.raises(
