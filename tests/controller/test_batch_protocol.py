@@ -142,6 +142,8 @@ def test_batch_phase0_measures_stock_over_ar_by_batch_size(batch_judged):
     assert figures["requests"] == 1 + 2 * 3 and figures["stock"]["positions"] == 7 * 16
     sources = figures["draw"]["sources"]
     assert {"b2", "b3"} <= set(sources) and figures["noise"]["design"] == "sliced"
+    # Judged on the pool its Phase 0 composed (smollm-cpu-batch as shipped): 3 draws of 7 prompts.
+    assert figures["draw"]["composed"] is True and figures["draw"]["pool"] == 3 * 7
     # Each group its own requests: no system serves a request twice in a period (it could replay it).
     members = [set(sources[g].split("[")[1].rstrip("]").split(",")) for g in ("b2", "b3")]
     assert len(members[0]) == len(members[1]) == 3 and not members[0] & members[1]
