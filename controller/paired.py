@@ -4,7 +4,8 @@ Three designs (`Deployment.design` picks one per deployment):
 - **sliced** (CPU slots, one or more): on every core both systems are loaded and take turns of
   ~50 ms (slicer.py), so the host's drift in a core's speed hits both alike and cancels in their
   ratio; a request's time is the time its system ran. The measured requests are dealt across the
-  cores at random, and each core's pair of processes is a block (d_i of stats.PairSpeeds).
+  cores at random, and each core's pair of processes is a block (d_i of stats.PairSpeeds); where
+  they are batch groups (one per batch size), a round's cores together are one block.
 - **swapped** (two slots): a block is two periods; in one, A runs on slot 0 and B on slot 1
   concurrently with the same request stream, in the other the slots are swapped, so a slot's own
   speed cancels (d_i of stats.RequestSpeeds). Which arrangement comes first is drawn per block.
@@ -32,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .engine import EngineAdapter, Request, RequestResult, SystemFailed
+from .engine import EngineAdapter, Group, Request, RequestResult, SystemFailed
 from .gpu_load import watch_for
 from .load import core_times, foreign_load, over_turns
 from .placement import available_cores, keep_off, pair_cores
@@ -240,8 +241,9 @@ def paired_run(
     given) in `design` (sliced, swapped or interleaved); every line of evidence goes to the JSONL
     file `raw`. `check_trees` runs around every period (it re-hashes the exports).
 
-    A round is one block, or in the sliced design one block per slot, side by side: a block is
-    the unit of inference, fresh processes serving the same requests under A and B."""
+    A round is one block, or in the sliced design one block per slot, side by side (batch groups:
+    the round's slots together, one block): a block is the unit of inference, fresh processes
+    serving the same requests under A and B."""
     trees = {"A": baseline, "B": candidate}
     warm, measured = list(requests[:warmup]), list(requests[warmup:])
     if not measured:
@@ -257,11 +259,16 @@ def paired_run(
             rng = random.Random(f"{seed}:{b}")
             periods = serve(adapter, trees, list(slots), warm, measured, logs, b, rng, progress, check_trees)
             check_trees()
-            blocks = [[p] for p in periods] if design == "sliced" else [periods]
+            # A sliced round's periods are blocks of their own, except where the measured units are
+            # batch groups: a group's gain depends on its batch size, and a core's period holds only
+            # the groups dealt to it, so its gain would carry which sizes it drew. The round's
+            # periods together serve every group once: one block.
+            grouped = any(isinstance(r, Group) for r in measured)
+            blocks = [[p] for p in periods] if design == "sliced" and not grouped else [periods]
             for i, block in enumerate(blocks):
                 for p, period in enumerate(block):
                     _write_raw(fh, period, trees, b + i, p, {r.id for r in warm})
-                served = [r for r in measured if r.id in block[0].results["A"]]
+                served = [r for r in measured if any(r.id in p.results["A"] for p in block)]
                 run.blocks.append(
                     _block_swapped(block, served, slots[0])
                     if design == "swapped"

@@ -167,6 +167,15 @@ def test_batch_compare_approves_a_cheaper_batched_step(batch_judged):
     raw = [json.loads(line) for line in Path(ev.evidence["raw"]).read_text().splitlines()]
     served = {r["id"] for r in raw if "system" in r and not r["warmup"]}
     assert served == {"b2", "b3"}, "the measured units are the groups"
+    # The sliced round deals the groups across the two cores; together they are one block, so every
+    # block holds each batch size once (a core's period alone would hold one of them).
+    blocks: dict[int, set] = {}
+    for r in raw:
+        if "system" in r and not r["warmup"]:
+            blocks.setdefault(r["block"], set()).add((r["id"], r["slot"]))
+    assert all({g for g, _ in ids} == {"b2", "b3"} for ids in blocks.values()), blocks
+    assert any(len({s for _, s in ids}) == 2 for ids in blocks.values()), "both cores served"
+    assert ev.evidence["n"] <= len(blocks)
     audit = ev.evidence["audit"]
     assert audit["passed"] and audit["positions"] >= dep.controller.audit_positions
 
