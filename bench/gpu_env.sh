@@ -1,16 +1,19 @@
 # Source on the lent GPU machine, from the checkout root: `source bench/gpu_env.sh`.
-# Installs the wheelhouse .gpu/whl (made by bench/gpu_prepare.sh) into /tmp/site, links the checkout
+# Installs the wheelhouse .gpu/whl (made by bench/gpu_prepare.sh; or /root/gpu/whl, copied by an
+# earlier call) into /tmp/site, links the checkout
 # as the `specpilot` package, points SPECPILOT_CACHE/HOME at /root/sp, reassembles the SmolLM2 GGUF
-# from /root/gpu/part-aa (copied there by the previous call) and .gpu/gguf/part-ab when both are there,
+# from /root/gpu/part-aa (copied there by an earlier call) and .gpu/gguf/part-ab when both are there,
 # and defines `specpilot` as a shell function. One clear line names anything missing.
 here=$PWD
 export SPECPILOT_CACHE=/root/sp/cache SPECPILOT_HOME=/root/sp/home PYTHONUNBUFFERED=1
 mkdir -p "$SPECPILOT_CACHE/downloads" "$SPECPILOT_HOME" /tmp/sp/specpilot
-if [ -d .gpu/whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
+whl=.gpu/whl; [ -d "$whl" ] || whl=/root/gpu/whl     # carried in this call, or copied there by an earlier one
+data=.gpu/data; [ -d "$data" ] || data=/root/gpu/data
+if [ -d "$whl" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$whl"/*.whl \
     || { echo "gpu_env: the wheelhouse did not install; rebuild it with bench/gpu_prepare.sh"; return 1; }
 fi
-[ -d .gpu/data ] && cp -n .gpu/data/*.whl "$SPECPILOT_CACHE/downloads/" 2>/dev/null
+[ -d "$data" ] && cp -n "$data"/*.whl "$SPECPILOT_CACHE/downloads/" 2>/dev/null
 for d in orchestrator controller costmodel memory_store agents prompts deployments kernels; do
   ln -sfn "$here/$d" "/tmp/sp/specpilot/$d"
 done
