@@ -242,8 +242,8 @@ def paired_run(
     file `raw`. `check_trees` runs around every period (it re-hashes the exports).
 
     A round is one block, or in the sliced design one block per slot, side by side (batch groups:
-    the round's slots together, one block): a block is the unit of inference, fresh processes
-    serving the same requests under A and B."""
+    the round's slots together, as a core holds only some batch sizes and a gain differs by size):
+    a block is the unit of inference, fresh processes serving the same requests under A and B."""
     trees = {"A": baseline, "B": candidate}
     warm, measured = list(requests[:warmup]), list(requests[warmup:])
     if not measured:
@@ -253,18 +253,14 @@ def paired_run(
     run.warmup_ids |= {r.id for r in warm}
     raw.parent.mkdir(parents=True, exist_ok=True)
     logs = raw.with_suffix("")
+    per_slot = design == "sliced" and not any(isinstance(r, Group) for r in measured)
     with open(raw, "a") as fh:
         for _ in range(rounds):
             b = len(run.blocks)
             rng = random.Random(f"{seed}:{b}")
             periods = serve(adapter, trees, list(slots), warm, measured, logs, b, rng, progress, check_trees)
             check_trees()
-            # A sliced round's periods are blocks of their own, except where the measured units are
-            # batch groups: a group's gain depends on its batch size, and a core's period holds only
-            # the groups dealt to it, so its gain would carry which sizes it drew. The round's
-            # periods together serve every group once: one block.
-            grouped = any(isinstance(r, Group) for r in measured)
-            blocks = [[p] for p in periods] if design == "sliced" and not grouped else [periods]
+            blocks = [[p] for p in periods] if per_slot else [periods]
             for i, block in enumerate(blocks):
                 for p, period in enumerate(block):
                     _write_raw(fh, period, trees, b + i, p, {r.id for r in warm})
