@@ -35,7 +35,7 @@ from .context import (
 )
 from .engine import Request, SystemFailed
 from .load import summarize
-from .paired import PairedRun, paired_run
+from .paired import PairedRun, block_unit, paired_run
 from .slots import lease
 from .stats import MIN_LOOK, decide, look_levels, paired_stats, pooled_sd, sigma_for
 from .systems import CandidateRefused, SystemTree, apply_candidate, checkout, tree_of
@@ -68,6 +68,18 @@ def _store(db, dep: Deployment, run_id: str | None, base: str, cand: str, approv
                                threshold=threshold, unit="blocks", reasons=reasons, evidence=evidence)  # fmt: skip
 
 
+def noise_key(dep: Deployment) -> dict[str, Any]:
+    """What a σ belongs to: the design, the slot count and the block unit (paired.block_unit)."""
+    return {"design": dep.design, "slots": len(dep.devices.slots),
+            "block_unit": block_unit(dep.design, dep.serving.shape == "batch")}  # fmt: skip
+
+
+def pooled_noise(runs: list[dict], key: dict[str, Any]) -> tuple[float, int]:
+    """The pooled block sd (and its degrees of freedom) of the A/A runs recorded under `key`; a run
+    recorded before the block unit was kept pools with none of today's."""
+    return pooled_sd([r["block_logs"] for r in runs if {k: r.get(k) for k in key} == key])
+
+
 def noise_state(db, dep: Deployment) -> dict[str, Any]:
     noise = records.get_state(db, dep.name, "noise")
     if noise is None or "runs" not in noise:
@@ -75,13 +87,14 @@ def noise_state(db, dep: Deployment) -> dict[str, Any]:
             f"no stock noise for {dep.name!r} yet; run `specpilot phase0 --deployment {dep.name}` "
             f"(or `specpilot controller noise --deployment {dep.name}`) first"
         )
-    here = {"design": dep.design, "slots": len(dep.devices.slots)}
-    then = {"design": noise.get("design"), "slots": noise.get("slots", here["slots"])}
-    if then != here:  # σ is a block's spread in one design on so many slots: it says nothing of another
+    here = noise_key(dep)
+    then = {k: noise.get(k) for k in here}
+    if then != here:  # σ is a block's spread in one design, on so many slots, of one block unit
         raise SpecPilotError(
-            f"the stock noise of {dep.name!r} was measured in the {then['design']} design on {then['slots']} slot(s); "
-            f"the deployment now asks for {here['design']} on {here['slots']}: run `specpilot controller noise "
-            f"--deployment {dep.name}` (or `specpilot phase0`) again first"
+            f"the stock noise of {dep.name!r} was measured in the {then['design']} design on {then['slots']} slot(s) "
+            f"with a block of one {then['block_unit'] or 'slot (the unit before it was recorded)'}; the deployment "
+            f"now asks for {here['design']} on {here['slots']} with a block of one {here['block_unit']}: run `specpilot "
+            f"controller noise --deployment {dep.name}` (or `specpilot phase0`) again first"
         )
     return noise
 
@@ -168,15 +181,10 @@ def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev
     res = paired_stats(quiet)
     logs = [math.log(g) for g in res.block_gains]
     old = records.get_state(db, dep.name, "noise") or {}
-    slots = len(dep.devices.slots)
-    runs = [
-        *old.get("runs", []),
-        {"run_id": run_id, "design": run.design, "slots": slots, "block_logs": logs},
-    ]
-    sd, df = pooled_sd(
-        [r["block_logs"] for r in runs if (r["design"], r.get("slots", slots)) == (run.design, slots)]
-    )
-    figures = {"design": run.design, "slots": slots, "runs": runs, "pooled_sd": sd, "df": df, "sigma": sigma_for(sd, len(quiet)),
+    key = {"design": run.design, "slots": len(dep.devices.slots), "block_unit": run.block_unit}
+    runs = [*old.get("runs", []), {"run_id": run_id, **key, "block_logs": logs}]
+    sd, df = pooled_noise(runs, key)
+    figures = {**key, "runs": runs, "pooled_sd": sd, "df": df, "sigma": sigma_for(sd, len(quiet)),
                "gain": res.gain, "lower_bound": res.lower_bound, "n": res.n, "run_id": run_id, "tree": stock.tree,
                "violations": checks.violations(run), "set_aside": len(run.blocks) - len(quiet), "draw": draw,
                # seconds until a comparison's first look (MIN_LOOK blocks): what a round keeps for each direction

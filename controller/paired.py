@@ -74,9 +74,17 @@ class PeriodResult:
         return [d for t in self.turns for d in t.disturbances] + over_turns([t.load for t in self.turns])
 
 
+def block_unit(design: str, grouped: bool) -> str:
+    """What one block of a run is: a slot's share of a sliced round ("slot"), or a whole round
+    ("round": a swapped or interleaved round, and a sliced round of batch groups, whose cores each
+    hold only some batch sizes). σ pools only over blocks of one unit."""
+    return "slot" if design == "sliced" and not grouped else "round"
+
+
 @dataclass
 class PairedRun:
     design: str = "swapped"
+    block_unit: str = ""  # what a block is (block_unit): set by paired_run
     blocks: list[list] = field(default_factory=list)  # per block: RequestSpeeds or PairSpeeds per request
     outputs: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # label -> id -> tokens
     periods: list[PeriodResult] = field(default_factory=list)
@@ -253,7 +261,8 @@ def paired_run(
     run.warmup_ids |= {r.id for r in warm}
     raw.parent.mkdir(parents=True, exist_ok=True)
     logs = raw.with_suffix("")
-    per_slot = design == "sliced" and not any(isinstance(r, Group) for r in measured)
+    run.block_unit = block_unit(design, any(isinstance(r, Group) for r in measured))
+    per_slot = run.block_unit == "slot"
     with open(raw, "a") as fh:
         for _ in range(rounds):
             b = len(run.blocks)
