@@ -31,6 +31,14 @@ def _lock(name: str):
 
 
 _ROOM, _TURNSTILE = _lock("room"), _lock("turnstile")
+# A worker whose next test is quiet too keeps the room from one quiet test to the next (a quiet
+# module's tests one after another): let go between them, the room let one test of the other worker
+# in each time, which then ran alone while this worker waited for it (a core idle).
+_HOLDING = [False]
+
+
+def _quiet(item) -> bool:
+    return item is not None and item.get_closest_marker("quiet") is not None
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -44,18 +52,24 @@ def pytest_runtest_protocol(item, nextitem):
         yield
         os.sched_setaffinity(0, cores)
         return
-    quiet = item.get_closest_marker("quiet") is not None
-    fcntl.flock(_TURNSTILE, fcntl.LOCK_EX)
-    try:
-        fcntl.flock(_ROOM, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
-    finally:
-        fcntl.flock(_TURNSTILE, fcntl.LOCK_UN)
+    quiet = _quiet(item)
+    if _HOLDING[0] and not quiet:  # kept for a quiet test that did not come: let go, then queue as usual
+        fcntl.flock(_ROOM, fcntl.LOCK_UN)
+        _HOLDING[0] = False
+    if not _HOLDING[0]:
+        fcntl.flock(_TURNSTILE, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(_ROOM, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(_TURNSTILE, fcntl.LOCK_UN)
     try:
         yield
     finally:
         os.sched_setaffinity(0, cores)
-        with contextlib.suppress(OSError):
-            fcntl.flock(_ROOM, fcntl.LOCK_UN)
+        _HOLDING[0] = quiet and _quiet(nextitem)
+        if not _HOLDING[0]:
+            with contextlib.suppress(OSError):
+                fcntl.flock(_ROOM, fcntl.LOCK_UN)
 
 
 @pytest.fixture
