@@ -44,8 +44,8 @@ def compile_pass(tree: Path, stages: int | None, warps: int | None) -> dict:
     from triton.compiler import ASTSource
 
     cfg = dict(PERSIST)
-    num_warps, num_stages = warps or cfg.pop("num_warps"), stages or cfg.pop("num_stages")
-    cfg.pop("num_warps", None), cfg.pop("num_stages", None)
+    shipped_warps, shipped_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    num_warps, num_stages = warps or shipped_warps, stages or shipped_stages
     const = dict(L=30, HQ=9, HK=3, D=64, HID=576, INTER=1536, BM=16, NP=132, LOGITS=True, HIDP=1024,
                  BT=triton.next_power_of_2(triton.cdiv(49152, cfg["HBN"])), SKIP=0, **cfg)  # fmt: skip
     names = list(inspect.signature(cuda_persist.decode_pass.fn).parameters)
