@@ -1,7 +1,9 @@
 """refspec's CUDA path (fused Triton kernels in CUDA graphs) against its eager fp32 model.
 
 Skipped without CUDA. With REFSPEC_TRITON_INTERPRET=1 (and Triton installed) the same checks run the
-kernels on the CPU under Triton's interpreter, eagerly (a development aid; no graphs there).
+kernels on the CPU under Triton's interpreter, eagerly (a development aid; no graphs there). Triton
+3.6's interpreter cannot run them (a loop bound loaded from memory fails, and bf16 `tl.dot` came out
+wrong in a check of linear_residual): with it, use bench/refspec_ptx.py to compile the pass offline.
 
 What is checked, on random weights of a small shape and of SmolLM2-135M's: every argmax equals the
 fp32 model's where fp32's top two logits are not near-tied; a chain pass gives each row the same
