@@ -35,9 +35,10 @@ from .context import (
 )
 from .engine import Request, SystemFailed
 from .load import summarize
-from .paired import PairedRun, block_unit, paired_run
+from .noise import noise_key, noise_state, pooled_noise
+from .paired import PairedRun, paired_run
 from .slots import lease
-from .stats import MIN_LOOK, decide, look_levels, paired_stats, pooled_sd, sigma_for
+from .stats import MIN_LOOK, decide, look_levels, paired_stats, sigma_for
 from .systems import CandidateRefused, SystemTree, apply_candidate, checkout, tree_of
 
 Progress = Callable[[str], None]
@@ -66,37 +67,6 @@ def _store(db, dep: Deployment, run_id: str | None, base: str, cand: str, approv
     return records.add_verdict(db, deployment=dep.name, run_id=run_id, baseline_tree=base, candidate_tree=cand,
                                approved=approved, changes_output=changed, gain=gain, lower_bound=lb, sigma=sigma,
                                threshold=threshold, unit="blocks", reasons=reasons, evidence=evidence)  # fmt: skip
-
-
-def noise_key(dep: Deployment) -> dict[str, Any]:
-    """What a σ belongs to: the design, the slot count and the block unit (paired.block_unit)."""
-    return {"design": dep.design, "slots": len(dep.devices.slots),
-            "block_unit": block_unit(dep.design, dep.serving.shape == "batch")}  # fmt: skip
-
-
-def pooled_noise(runs: list[dict], key: dict[str, Any]) -> tuple[float, int]:
-    """The pooled block sd (and its degrees of freedom) of the A/A runs recorded under `key`; a run
-    recorded before the block unit was kept pools with none of today's."""
-    return pooled_sd([r["block_logs"] for r in runs if {k: r.get(k) for k in key} == key])
-
-
-def noise_state(db, dep: Deployment) -> dict[str, Any]:
-    noise = records.get_state(db, dep.name, "noise")
-    if noise is None or "runs" not in noise:
-        raise SpecPilotError(
-            f"no stock noise for {dep.name!r} yet; run `specpilot phase0 --deployment {dep.name}` "
-            f"(or `specpilot controller noise --deployment {dep.name}`) first"
-        )
-    here = noise_key(dep)
-    then = {k: noise.get(k) for k in here}
-    if then != here:  # σ is a block's spread in one design, on so many slots, of one block unit
-        raise SpecPilotError(
-            f"the stock noise of {dep.name!r} was measured in the {then['design']} design on {then['slots']} slot(s) "
-            f"with a block of one {then['block_unit'] or 'slot (the unit before it was recorded)'}; the deployment "
-            f"now asks for {here['design']} on {here['slots']} with a block of one {here['block_unit']}: run `specpilot "
-            f"controller noise --deployment {dep.name}` (or `specpilot phase0`) again first"
-        )
-    return noise
 
 
 def _tree_check(repo, systems: list[SystemTree]) -> Callable[[], None]:
@@ -181,7 +151,7 @@ def measure_noise(dep: Deployment, home: Home, *, blocks: int | None = None, rev
     res = paired_stats(quiet)
     logs = [math.log(g) for g in res.block_gains]
     old = records.get_state(db, dep.name, "noise") or {}
-    key = {"design": run.design, "slots": len(dep.devices.slots), "block_unit": run.block_unit}
+    key = noise_key(dep)
     runs = [*old.get("runs", []), {"run_id": run_id, **key, "block_logs": logs}]
     sd, df = pooled_noise(runs, key)
     figures = {**key, "runs": runs, "pooled_sd": sd, "df": df, "sigma": sigma_for(sd, len(quiet)),

@@ -36,6 +36,7 @@ from pathlib import Path
 from .engine import EngineAdapter, Group, Request, RequestResult, SystemFailed
 from .gpu_load import watch_for
 from .load import core_times, foreign_load, over_turns
+from .noise import block_unit
 from .placement import available_cores, keep_off, pair_cores
 from .slicer import SLICE_S, Slicer, active
 from .slots import Slot
@@ -74,17 +75,9 @@ class PeriodResult:
         return [d for t in self.turns for d in t.disturbances] + over_turns([t.load for t in self.turns])
 
 
-def block_unit(design: str, grouped: bool) -> str:
-    """What one block of a run is: a slot's share of a sliced round ("slot"), or a whole round
-    ("round": a swapped or interleaved round, and a sliced round of batch groups, whose cores each
-    hold only some batch sizes). σ pools only over blocks of one unit."""
-    return "slot" if design == "sliced" and not grouped else "round"
-
-
 @dataclass
 class PairedRun:
     design: str = "swapped"
-    block_unit: str = ""  # what a block is (block_unit): set by paired_run
     blocks: list[list] = field(default_factory=list)  # per block: RequestSpeeds or PairSpeeds per request
     outputs: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # label -> id -> tokens
     periods: list[PeriodResult] = field(default_factory=list)
@@ -249,9 +242,8 @@ def paired_run(
     given) in `design` (sliced, swapped or interleaved); every line of evidence goes to the JSONL
     file `raw`. `check_trees` runs around every period (it re-hashes the exports).
 
-    A round is one block, or in the sliced design one block per slot, side by side (batch groups:
-    the round's slots together, as a core holds only some batch sizes and a gain differs by size):
-    a block is the unit of inference, fresh processes serving the same requests under A and B."""
+    A block (noise.block_unit) is the unit of inference, fresh processes serving the same requests
+    under A and B: a round, or in the sliced design one per slot (batch groups excepted)."""
     trees = {"A": baseline, "B": candidate}
     warm, measured = list(requests[:warmup]), list(requests[warmup:])
     if not measured:
@@ -261,8 +253,7 @@ def paired_run(
     run.warmup_ids |= {r.id for r in warm}
     raw.parent.mkdir(parents=True, exist_ok=True)
     logs = raw.with_suffix("")
-    run.block_unit = block_unit(design, any(isinstance(r, Group) for r in measured))
-    per_slot = run.block_unit == "slot"
+    per_slot = block_unit(design, any(isinstance(r, Group) for r in measured)) == "slot"
     with open(raw, "a") as fh:
         for _ in range(rounds):
             b = len(run.blocks)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specpilot.controller.evaluate import noise_key, noise_state, pooled_noise
+from specpilot.controller.noise import noise_key, noise_state, pooled_noise
 from specpilot.controller.stats import pooled_sd
 from specpilot.deployments import Home, SpecPilotError, load_deployment
 from specpilot.memory_store import connect, records
