@@ -106,9 +106,31 @@ SWEEP = [("base", {}, 0), ("barriers only", {}, 127), ("no qkv", {}, 1), ("no at
          ("DBK 64", {"DBK": 64}, 0), ("split 128/64", {"ASPL": 128}, 0)]  # fmt: skip
 
 
+def graph_us(body, runs: int = 1, per: int = 200, warm: int = 20) -> list[float]:
+    """`body` (run once eagerly: Triton compiles there) captured as one CUDA graph, `warm` replays,
+    then device µs per replay of each of `runs` runs of `per` replays (CUDA events)."""
+    import torch
+
+    body()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    for _ in range(warm):
+        g.replay()
+    out = []
+    for _ in range(runs):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(per):
+            g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        out.append(1e3 * e0.elapsed_time(e1) / per)
+    return out
+
+
 def sweep(model, seq: list[int], ctx: int) -> list:
     """One-row pass device µs per persistent-kernel variant (phases left out, tiles, stages)."""
-    import torch
     from refspec import cuda_persist
     from refspec.cuda_graphs import PERSIST
 
@@ -123,19 +145,7 @@ def sweep(model, seq: list[int], ctx: int) -> list:
             cuda_persist.launch(model, 16, True, cfg, skip)
 
         try:
-            body()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                body()
-            for _ in range(20):
-                g.replay()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(200):
-                g.replay()
-            e1.record()
-            torch.cuda.synchronize()
-            rows.append((name, round(1e3 * e0.elapsed_time(e1) / 200, 1)))
+            rows.append((name, round(graph_us(body)[0], 1)))
         except Exception as e:  # a variant that does not compile or fit
             rows.append((name, f"{type(e).__name__}: {str(e)[:120]}"))
         print(rows[-1], flush=True)

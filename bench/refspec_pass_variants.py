@@ -32,7 +32,8 @@ def main() -> None:
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from refspec_floor import random_engine  # puts the checkout's refspec on sys.path: the variant goes first
+    # refspec_floor puts the checkout's refspec on sys.path: the variant goes before it
+    from refspec_floor import graph_us, random_engine
 
     tree = str(args.tree.resolve())
     sys.path.insert(0, tree)
@@ -58,21 +59,7 @@ def main() -> None:
             m.bar.zero_()
             cuda_persist.launch(m, n, True, cfg, args.skip)
 
-        body()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body()
-        for _ in range(30):
-            g.replay()
-        runs = []
-        for _ in range(5):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(100):
-                g.replay()
-            e1.record()
-            torch.cuda.synchronize()
-            runs.append(1e3 * e0.elapsed_time(e1) / 100)
+        runs = graph_us(body, runs=5, per=100, warm=30)
         out[f"rows_{rows}_us"] = statistics.median(runs)
         out[f"rows_{rows}_us_runs"] = runs
     print(json.dumps({k: v for k, v in out.items() if not k.endswith("_runs")}))
