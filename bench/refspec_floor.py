@@ -74,21 +74,11 @@ def pass_by_rows(model, seq: list[int], ctx: int, rows: list[int]) -> dict:
         n = -(-r // 16) * 16
         model.eager = True
         try:
-            model._pass(n, False)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                model._pass(n, False)
+            res["per_phase_graph_device_ms"] = (
+                graph_us(lambda n=n: model._pass(n, False), per=50, warm=1)[0] / 1e3
+            )
         finally:
             model.eager = False
-        g.replay()
-        torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(50):
-            g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        res["per_phase_graph_device_ms"] = e0.elapsed_time(e1) / 50
         model.timing = []
         for _ in range(50):
             model.verify(*args)
