@@ -119,8 +119,9 @@ def test_removing_a_per_step_cost_is_approved(judged):
     """
     home, dep, ws, _ = judged
     # The audit's power is test_planted_defect's subject; here a top-up of one draw (a round of the
-    # sleepy baseline, ~20 s, against four for 600 positions) shows it past the timed outputs.
-    dep = _audit_positions(dep, 200)
+    # sleepy baseline, ~20 s, against four for 600 positions) shows it past the timed outputs. Phase
+    # 0 stands: its pool holds the draws of the shipped audit.
+    dep = dep.model_copy(update={"controller": dep.controller.model_copy(update={"audit_positions": 200})})
     ev = controller.compare(dep, home, _sleepy(ws, "sleepy-baseline"), "stock")
     assert ev.approved, ev.reasons
     assert ev.gain > 1.1 and ev.lower_bound > 1 + ev.threshold
@@ -140,14 +141,6 @@ def test_removing_a_per_step_cost_is_approved(judged):
     assert audit["positions"] >= dep.controller.audit_positions > 4 * 40
     assert set(top) & set(ev.evidence["draw"]["sources"]) == set()
     assert set(top.values()) & set(ev.evidence["draw"]["sources"].values()) == set()
-
-
-def _audit_positions(dep, positions: int):
-    """The deployment as judged with another `controller.audit_positions` (its Phase 0 stands: the
-    pool holds the draws of the shipped audit)."""
-    return dep.model_copy(
-        update={"controller": dep.controller.model_copy(update={"audit_positions": positions})}
-    )
 
 
 def _assert_sliced(ev, dep) -> None:
