@@ -80,8 +80,10 @@ def open_engine(slot: str, model: str, cache: Path | None, config: Config, eager
     return Engine(net, config, mechanisms)
 
 
-# A repeating prompt makes the drafter match, so the spec run verifies multi-row chains.
-WARM_UP_PROMPT = [(7 * i) % 97 + 10 for i in range(40)] * 2
+# Short and repeating, so the drafter matches: a prefill, a verify of several rows and one-row
+# steps in a few tokens (each token on one CPU core is tens of ms, paid at every start).
+WARM_UP_PROMPT = [(7 * i) % 97 + 10 for i in range(8)] * 2
+WARM_UP_TOKENS = {"spec": 4, "ar": 2}
 
 
 def warm_up(engine, batch: bool = False) -> float:
@@ -89,8 +91,8 @@ def warm_up(engine, batch: bool = False) -> float:
     of every row count the policy can verify; with `batch`, serve one two-lane group too, so the
     first timed group's batched forward is not the first. Return the seconds taken."""
     t0 = time.perf_counter()
-    for mode in ("spec", "ar"):
-        for _ in engine.generate(WARM_UP_PROMPT, 8, mode):
+    for mode, tokens in WARM_UP_TOKENS.items():
+        for _ in engine.generate(WARM_UP_PROMPT, tokens, mode):
             pass
     capture = getattr(engine.model, "capture", None)
     if capture is not None:
