@@ -97,13 +97,14 @@ def _replay(store: str) -> Callable[[Path], None]:
     return edit
 
 
-EXIT_WORK = (
-    "import atexit as _ae, time as _tm\n"
-    "def _late():  # after its last request: what a timed copy elsewhere would be handed\n"
+EXIT_WORK = (  # stock serve leaves by os._exit: the work rides on the candidate's wrapper of it
+    "import os as _os, time as _tm\n"
+    "def _late(code, _exit=_os._exit):  # after its last request: what a timed copy elsewhere would be handed\n"
     "    _e = _tm.process_time() + 6\n"
     "    while _tm.process_time() < _e:\n"
     "        pass\n"
-    "_ae.register(_late)\n"
+    "    _exit(code)\n"
+    "_os._exit = _late\n"
 )
 SLOW_STEP = "        _t = __import__('time'); _end = _t.thread_time() + 0.012\n        while _t.thread_time() < _end: pass\n"
 HOOK = r"""

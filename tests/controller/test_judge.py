@@ -202,13 +202,16 @@ def test_fake_timing_fields_gain_nothing(judged):
     )  # stored, never used
 
 
-LATE = """import atexit, os, sys, time
+# Stock serve leaves with os._exit (no atexit handlers, no teardown), so the exit work rides on
+# the candidate's own wrapper of os._exit, which the protected serve module calls by name.
+LATE = """import os, sys, time
 sys.stderr.write("stderr is " + os.readlink("/proc/self/fd/2") + "\\n")
-def _late():
+def _late(code, _exit=os._exit):
     t = time.process_time()
     while time.process_time() - t < 4:
         pass
-atexit.register(_late)
+    _exit(code)
+os._exit = _late
 class Engine:"""
 
 
