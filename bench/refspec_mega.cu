@@ -133,6 +133,9 @@ __device__ __forceinline__ void wait(unsigned* bar, unsigned target) {
     unsigned v;
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(bar) : "memory");
+#ifdef POLL_SLEEP
+      if (v < target) __nanosleep(POLL_SLEEP);  // fewer polls on the counter's line while arrivals come
+#endif
     } while (v < target);
   }
   __syncthreads();
@@ -196,34 +199,43 @@ __device__ __forceinline__ float dots(const Row<K>& w, const float* xs, int R, i
   return reduce16(v, lane);
 }
 
-// Attention's output rows into shared memory: each (row, head)'s chunks combined in chunk order
-// (8 chunks' loads in flight at a time), rounded to bf16 as the o buffer would be.
+// Attention's output rows into shared memory: each (row, head)'s chunks combined in chunk order,
+// rounded to bf16 as the o buffer would be. A thread takes DV dims and CB chunks' loads at a time.
+#ifdef WIDE_COMBINE
+constexpr int DV = 4, CB = 16;
+#else
+constexpr int DV = 2, CB = 8;
+#endif
 __device__ void stage_attn(float* xs, const float* part, int R, int start, int nch) {
-  for (int i = threadIdx.x; i < R * NH * 32; i += THREADS) {
-    const int r = i / (NH * 32), hh = i / 32 % NH, dp = i % 32, chunks = (start + r + 32) / 32;
+  for (int i = threadIdx.x; i < R * NH * (D / DV); i += THREADS) {
+    const int r = i / (NH * (D / DV)), hh = i / (D / DV) % NH, dq = i % (D / DV), chunks = (start + r + 32) / 32;
     const float* base = part + ((size_t)r * NH + hh) * nch * (D + 2);
-    float M = -1e30f, L = 0.f, o0 = 0.f, o1 = 0.f;
-    for (int c0 = 0; c0 < chunks; c0 += 8) {
-      float ms[8], ls[8];
-      float2 as[8];
+    float M = -1e30f, L = 0.f, o[DV] = {};
+    for (int c0 = 0; c0 < chunks; c0 += CB) {
+      float ms[CB], ls[CB], as[CB][DV];
 #pragma unroll
-      for (int k = 0; k < 8; k++) {
+      for (int k = 0; k < CB; k++) {
         const float* q = base + (size_t)(c0 + k) * (D + 2);
         const bool live = c0 + k < chunks;
         ms[k] = live ? __ldcg(q) : -1e30f;
         ls[k] = live ? __ldcg(q + 1) : 0.f;
-        as[k] = live ? __ldcg(reinterpret_cast<const float2*>(q + 2) + dp) : make_float2(0.f, 0.f);
+#pragma unroll
+        for (int e = 0; e < DV; e += 2) {
+          const float2 a = live ? __ldcg(reinterpret_cast<const float2*>(q + 2 + DV * dq + e)) : make_float2(0.f, 0.f);
+          as[k][e] = a.x, as[k][e + 1] = a.y;
+        }
       }
 #pragma unroll
-      for (int k = 0; k < 8; k++) {
+      for (int k = 0; k < CB; k++) {
         const float mn = fmaxf(M, ms[k]), fo = exp2f(M - mn), f = exp2f(ms[k] - mn);
         L = L * fo + ls[k] * f;
-        o0 = o0 * fo + as[k].x * f, o1 = o1 * fo + as[k].y * f;
+#pragma unroll
+        for (int e = 0; e < DV; e++) o[e] = o[e] * fo + as[k][e] * f;
         M = mn;
       }
     }
-    xs[(size_t)r * H + hh * D + 2 * dp] = bf(o0 / L);
-    xs[(size_t)r * H + hh * D + 2 * dp + 1] = bf(o1 / L);
+#pragma unroll
+    for (int e = 0; e < DV; e++) xs[(size_t)r * H + hh * D + DV * dq + e] = bf(o[e] / L);
   }
   __syncthreads();
 }
@@ -265,6 +277,13 @@ __global__ void __launch_bounds__(THREADS, 1) mega_pass_kernel(Params p) {
   Row<H> qa, qb;  // this warp's QKV pair (prefetched before each layer's barrier)
   const bool has_qkv = gw < PAIRS;
   const int qhead = gw / 32, qj = gw % 32;
+#ifdef ROPE_EARLY
+  float rc = 1.f, rs = 0.f;  // RoPE of row lane >> 1 (every lane's row 0 with one row): read once a pass
+  if (has_qkv && qhead < NH + NKV && (lane >> 1) < R) {
+    const int pos = p.posn[R == 1 ? 0 : lane >> 1];
+    rc = p.cos[pos * (D / 2) + qj], rs = p.sin[pos * (D / 2) + qj];
+  }
+#endif
   if (has_qkv) {
     qa.load(p.wqkv + (size_t)(qhead * D + qj) * H, lane);
     qb.load(p.wqkv + (size_t)(qhead * D + qj + 32) * H, lane);
@@ -283,8 +302,12 @@ __global__ void __launch_bounds__(THREADS, 1) mega_pass_kernel(Params p) {
       {
         if (mine(r)) {
           if (qhead < NH + NKV) {
+#ifdef ROPE_EARLY
+            const float c = rc, s = rs;
+#else
             int pos = p.posn[r];
             float c = p.cos[pos * (D / 2) + qj], s = p.sin[pos * (D / 2) + qj];
+#endif
             float a = lo * c - hi * s, b = hi * c + lo * s;
             lo = a, hi = b;
           }

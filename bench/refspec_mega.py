@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,9,16")
     ap.add_argument(
         "--variants",
-        default=",NO_FENCE,KV_PREFETCH,CHUNK_ATTN,CHUNK_ATTN+KV_PREFETCH,CHUNK_ATTN+KV_PREFETCH+NO_FENCE",
+        default="CHUNK_ATTN+KV_PREFETCH+NO_FENCE,NO_FENCE+ROPE_EARLY,CHUNK_ATTN+KV_PREFETCH+NO_FENCE+ROPE_EARLY+WIDE_COMBINE",
         help="builds: -D macros joined by +, comma-separated (empty: as is)",
     )
     ap.add_argument("--json", type=Path)
