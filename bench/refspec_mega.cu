@@ -36,6 +36,7 @@ struct Params {
   unsigned *bar;                 // the grid barrier's counter (zeroed before the launch)
   unsigned long long *timeline;  // null, or the global timer (ns) as block 0 leaves each barrier
   float *part;                   // CHUNK_ATTN: per (row, head, 32-slot chunk) max, sum, then P·V [D]
+  unsigned *acnt;                // LAST_COMBINE: chunks done per (row, head); the last one combines
   int R, L, S, V;
   float eps, qk_scale;  // qk_scale: log2(e) / sqrt(D)
 };
@@ -393,6 +394,42 @@ __global__ void __launch_bounds__(THREADS, 1) mega_pass_kernel(Params p) {
       float* dst = p.part + (((size_t)r * NH + hh) * nch + c) * (D + 2);
       if (lane == 0) dst[0] = m, dst[1] = l;
       reinterpret_cast<float2*>(dst + 2)[lane] = make_float2(a0, a1);
+#ifdef LAST_COMBINE
+      // the warp that finishes a (row, head)'s last chunk combines them all, in chunk order
+      __threadfence();
+      __syncwarp();
+      unsigned done_before = 0;
+      if (lane == 0) done_before = atomicAdd(p.acnt + r * NH + hh, 1u);
+      done_before = __shfl_sync(0xffffffffu, done_before, 0);
+      const int chunks = (start + r + 32) / 32;
+      if ((int)done_before == chunks - 1) {
+        __threadfence();
+        const float* base = p.part + ((size_t)r * NH + hh) * nch * (D + 2);
+        float M = -1e30f, L = 0.f, o0 = 0.f, o1 = 0.f;
+        for (int c0 = 0; c0 < chunks; c0 += 16) {
+          float ms[16], ls[16];
+          float2 as[16];
+#pragma unroll
+          for (int k = 0; k < 16; k++) {
+            const float* q = base + (size_t)(c0 + k) * (D + 2);
+            const bool live = c0 + k < chunks;
+            ms[k] = live ? __ldcg(q) : -1e30f;
+            ls[k] = live ? __ldcg(q + 1) : 0.f;
+            as[k] = live ? __ldcg(reinterpret_cast<const float2*>(q + 2) + lane) : make_float2(0.f, 0.f);
+          }
+#pragma unroll
+          for (int k = 0; k < 16; k++) {
+            const float mn = fmaxf(M, ms[k]), fo = exp2f(M - mn), f = exp2f(ms[k] - mn);
+            L = L * fo + ls[k] * f;
+            o0 = o0 * fo + as[k].x * f, o1 = o1 * fo + as[k].y * f;
+            M = mn;
+          }
+        }
+        *reinterpret_cast<__nv_bfloat162*>(p.o + (size_t)r * NH * D + hh * D + 2 * lane) =
+            __floats2bfloat162_rn(o0 / L, o1 / L);
+        if (lane == 0) p.acnt[r * NH + hh] = 0;  // for the next layer (several barriers away)
+      }
+#endif
       __syncwarp();
     }
 #else
@@ -474,7 +511,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega_pass_kernel(Params p) {
     done();
 
     // -- o_proj + residual
-#ifdef CHUNK_ATTN
+#if defined(CHUNK_ATTN) && !defined(LAST_COMBINE)
     stage_attn(xs, p.part, R, start, (p.S + 31) / 32);
 #else
     stage<H>(xs, p.o, nullptr, R, 0.f);
@@ -580,6 +617,7 @@ extern "C" int mega_pass(const Params* p, int grid, void* stream) {
   }
   cudaMemsetAsync(p->bar, 0, sizeof(unsigned), s);
   cudaMemsetAsync(p->best, 0, p->R * sizeof(unsigned long long), s);
+  cudaMemsetAsync(p->acnt, 0, p->R * NH * sizeof(unsigned), s);
   mega_pass_kernel<<<grid, THREADS, (size_t)p->R * INTER * sizeof(float), s>>>(*p);
   return (int)cudaGetLastError();
 }

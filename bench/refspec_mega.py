@@ -34,7 +34,7 @@ SRC = ROOT / "bench" / "refspec_mega.cu"
 class Params(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in ("embed", "head", "norm", "ln1", "wqkv", "wo", "ln2", "wgu", "wd",
                                                "cos", "sin", "kc", "vc", "tokens", "posn", "start",
-                                               "x", "q", "o", "h", "best", "out", "bar", "timeline", "part")]  # fmt: skip
+                                               "x", "q", "o", "h", "best", "out", "bar", "timeline", "part", "acnt")]  # fmt: skip
     _fields_ += [(n, ctypes.c_int) for n in ("R", "L", "S", "V")]
     _fields_ += [("eps", ctypes.c_float), ("qk_scale", ctypes.c_float)]
 
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,9,16")
     ap.add_argument(
         "--variants",
-        default="CHUNK_ATTN+KV_PREFETCH+NO_FENCE,NO_FENCE+ROPE_EARLY,CHUNK_ATTN+KV_PREFETCH+NO_FENCE+ROPE_EARLY+WIDE_COMBINE",
+        default="CHUNK_ATTN+NO_FENCE+ROPE_EARLY+WIDE_COMBINE,CHUNK_ATTN+NO_FENCE+ROPE_EARLY+LAST_COMBINE",
         help="builds: -D macros joined by +, comma-separated (empty: as is)",
     )
     ap.add_argument("--json", type=Path)
@@ -94,6 +94,7 @@ def main() -> None:
         "best": torch.zeros(16, device=dev, dtype=torch.int64),
         "out": torch.zeros(16, device=dev, dtype=torch.int64),
         "bar": torch.zeros(1, device=dev, dtype=torch.int32),
+        "acnt": torch.zeros(16 * a.heads, device=dev, dtype=torch.int32),
         "part": torch.zeros(
             16 * a.heads * -(-m.slots // 32) * (a.head_dim + 2), device=dev, dtype=torch.float32
         ),
