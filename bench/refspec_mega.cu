@@ -14,6 +14,16 @@
 // bf16. The summation order differs from the Triton kernels', so a logit can differ in its last
 // bits (an argmax only at a near-tie). Chain rows only (row r sees slots < start + r + 1).
 //
+// Variants, each a -D macro (timed side by side by bench/refspec_mega.py; docs/BENCHMARKS.md):
+//   CHUNK_ATTN    attention a warp per (row, head, 32-slot chunk), not a block per (head, row);
+//                 the chunks combined in chunk order by o_proj's blocks (stage_attn), or with
+//   LAST_COMBINE  by the warp that finishes a (row, head)'s last chunk (o_proj then reads o)
+//   WIDE_COMBINE  stage_attn: 4 dims and 16 chunks' loads a thread (not 2 and 8)
+//   KV_PREFETCH   the attention blocks ask the L2 for the K/V prefix before the barrier
+//   NO_FENCE      the barrier's arrival is a red.release without a __threadfence before it
+//   POLL_SLEEP=N  a back-off of N ns between polls of the barrier's counter
+//   ROPE_EARLY    RoPE's cos/sin read once a pass (positions do not change within it)
+//
 // Built and timed by bench/refspec_mega.py; not part of refspec.
 
 #include <cuda_bf16.h>

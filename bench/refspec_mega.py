@@ -13,7 +13,9 @@ context 300, for each row count:
   - this pass twice: the same bits; a chain row of the R-row pass = its one-row pass (the same
     token and x, to the bit);
   - device µs per pass of each, captured as a CUDA graph (refspec_floor.graph_us: 5 runs of 100
-    replays, median).
+    replays, median), and µs per phase of this pass (the global timer as block 0 leaves each
+    barrier, averaged over layers).
+Each `--variants` entry is one build with its -D macros (refspec_mega.cu's header lists them).
 """
 
 from __future__ import annotations
