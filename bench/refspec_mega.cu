@@ -129,6 +129,14 @@ __device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2b
 __device__ __forceinline__ uint4 ld_cg(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 __device__ __forceinline__ unsigned ld_cg32(const void* p) { return __ldcg(reinterpret_cast<const unsigned*>(p)); }
 
+// x[n] = bf16(x[n] + y): x read past L1 (another SM wrote it this pass) as the aligned 32-bit word
+// holding it
+__device__ __forceinline__ void add_residual(__nv_bfloat16* x, int n, float y) {
+  const unsigned word = ld_cg32(x + (n & ~1));
+  const float xv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(word >> (16 * (n & 1)))));
+  x[n] = __float2bfloat16(xv + y);
+}
+
 // -- the grid barrier: a counter that only grows; barrier k waits for k · gridDim.x arrivals.
 __device__ __forceinline__ void arrive(unsigned* bar) {
   __syncthreads();
@@ -310,30 +318,28 @@ __global__ void __launch_bounds__(THREADS, 1) mega_pass_kernel(Params p) {
     if (has_qkv) {
       float lo = bf(dots(qa, xs, R, lane)), hi = bf(dots(qb, xs, R, lane));
       const int r = lane >> 1;
-      {
-        if (mine(r)) {
-          if (qhead < NH + NKV) {
+      if (mine(r)) {
+        if (qhead < NH + NKV) {
 #ifdef ROPE_EARLY
-            const float c = rc, s = rs;
+          const float c = rc, s = rs;
 #else
-            int pos = p.posn[r];
-            float c = p.cos[pos * (D / 2) + qj], s = p.sin[pos * (D / 2) + qj];
+          int pos = p.posn[r];
+          float c = p.cos[pos * (D / 2) + qj], s = p.sin[pos * (D / 2) + qj];
 #endif
-            float a = lo * c - hi * s, b = hi * c + lo * s;
-            lo = a, hi = b;
-          }
-          __nv_bfloat16* dst;
-          if (qhead < NH) {
-            dst = p.q + (size_t)r * NH * D + qhead * D + qj;
-          } else {
-            int kv = qhead - NH;
-            __nv_bfloat16* base = kc;
-            if (kv >= NKV) kv -= NKV, base = vc;
-            dst = base + ((size_t)kv * p.S + start + r) * D + qj;
-          }
-          dst[0] = __float2bfloat16(lo);
-          dst[32] = __float2bfloat16(hi);
+          float a = lo * c - hi * s, b = hi * c + lo * s;
+          lo = a, hi = b;
         }
+        __nv_bfloat16* dst;
+        if (qhead < NH) {
+          dst = p.q + (size_t)r * NH * D + qhead * D + qj;
+        } else {
+          int kv = qhead - NH;
+          __nv_bfloat16* base = kc;
+          if (kv >= NKV) kv -= NKV, base = vc;
+          dst = base + ((size_t)kv * p.S + start + r) * D + qj;
+        }
+        dst[0] = __float2bfloat16(lo);
+        dst[32] = __float2bfloat16(hi);
       }
     }
     sync();
@@ -528,14 +534,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega_pass_kernel(Params p) {
 #endif
     if (has_o) {
       const float y = bf(dots(orow, xs, R, lane));
-      const int r = lane >> 1;
-      {
-        if (mine(r)) {
-          __nv_bfloat16* px = p.x + (size_t)r * H + gw;
-          float xv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(ld_cg32(px - (gw & 1)) >> (16 * (gw & 1)))));
-          *px = __float2bfloat16(xv + y);
-        }
-      }
+      if (mine(lane >> 1)) add_residual(p.x + (size_t)(lane >> 1) * H, gw, y);
     }
     sync();
     done();
@@ -563,14 +562,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega_pass_kernel(Params p) {
     stage<INTER>(xs, p.h, nullptr, R, 0.f);
     if (has_d) {
       const float y = bf(dots(drow, xs, R, lane));
-      const int r = lane >> 1;
-      {
-        if (mine(r)) {
-          __nv_bfloat16* px = p.x + (size_t)r * H + gw;
-          float xv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(ld_cg32(px - (gw & 1)) >> (16 * (gw & 1)))));
-          *px = __float2bfloat16(xv + y);
-        }
-      }
+      if (mine(lane >> 1)) add_residual(p.x + (size_t)(lane >> 1) * H, gw, y);
     }
     sync();
     if (has_qkv && l + 1 < p.L) {
