@@ -1,6 +1,10 @@
-"""A one-launch CUDA C++ pass of SmolLM2-135M (bench/refspec_mega.cu) beside refspec's Triton persistent pass.
+"""A one-launch CUDA C++ pass of SmolLM2-135M (bench/refspec_mega*.cu) beside refspec's Triton persistent pass.
 
-    python bench/refspec_mega.py [--context 300] [--rows 1,9,16] --json OUT     # on the device
+    python bench/refspec_mega.py [--kernel mega2] [--context 300] [--rows 1,9,16] --json OUT     # on the device
+
+`--kernel mega` (refspec_mega.cu): the Triton pass's five phases a layer, each after a grid barrier;
+`--kernel mega2` (refspec_mega2.cu): two a layer, clusters of 8 blocks meeting through distributed
+shared memory inside a phase (that file's header says how).
 
 The prototype of issue 40's next step: a warp's weights for the next phase are loaded into its
 registers between its block's arrival at the grid barrier and its wait, so a phase after the barrier
@@ -30,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "bench" / "refspec_mega.cu"
+KERNELS = {"mega": ROOT / "bench" / "refspec_mega.cu", "mega2": ROOT / "bench" / "refspec_mega2.cu"}
 
 
 class Params(ctypes.Structure):
@@ -39,19 +43,27 @@ class Params(ctypes.Structure):
                                                "x", "q", "o", "h", "best", "out", "bar", "timeline", "part", "acnt")]  # fmt: skip
     _fields_ += [(n, ctypes.c_int) for n in ("R", "L", "S", "V")]
     _fields_ += [("eps", ctypes.c_float), ("qk_scale", ctypes.c_float)]
+    _fields_ += [(n, ctypes.c_void_p) for n in ("po", "pd", "xa", "xb", "err")]  # refspec_mega2.cu's own
 
 
-PHASES = ("qkv", "attention", "o_proj", "gate_up", "down")
+# refspec_mega2.cu's steps of a layer in block 0 (`tick`): each names the work that ends at it
+STEPS = ("stage_x", "qkv_push", "cluster_sync_qkv", "rope", "attention_push", "cluster_sync_attn", "combine",
+         "o_proj", "grid_barrier_1", "stage_x_mid", "gate_up_push", "cluster_sync_gu", "silu", "down",
+         "grid_barrier_2")  # fmt: skip
+
+# a layer's phases (each ended by a grid barrier), and whether the embedding has its own
+PHASES = {"mega": (("qkv", "attention", "o_proj", "gate_up", "down"), True),
+          "mega2": (("attention_block", "mlp_block"), False)}  # fmt: skip
 
 
-def build(out_dir: Path, defines: list[str]) -> ctypes.CDLL:
+def build(src: Path, out_dir: Path, defines: list[str]) -> ctypes.CDLL:
     import torch
 
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}" + ("a" if major == 9 else "")
-    so = out_dir / f"refspec_mega{''.join(defines)}.so"
+    so = out_dir / f"{src.stem}{''.join(defines)}.so"
     cmd = ["nvcc", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-shared", "-Xcompiler", "-fPIC",
-           "-Xptxas", "-v", *[f"-D{d}" for d in defines], "-o", str(so), str(SRC)]  # fmt: skip
+           "-Xptxas", "-v", *[f"-D{d}" for d in defines], "-o", str(so), str(src)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"refspec_mega: nvcc failed:\n{proc.stderr[-3000:]}")
@@ -59,11 +71,14 @@ def build(out_dir: Path, defines: list[str]) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(so))
     lib.mega_pass.argtypes = [ctypes.POINTER(Params), ctypes.c_int, ctypes.c_void_p]
     lib.mega_pass.restype = ctypes.c_int
+    if hasattr(lib, "mega_blocks"):
+        lib.mega_blocks.argtypes, lib.mega_blocks.restype = [], ctypes.c_int
     return lib
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", choices=sorted(KERNELS), default="mega")
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--rows", default="1,9,16")
     ap.add_argument(
@@ -81,7 +96,8 @@ def main() -> None:
     from refspec.cuda_graphs import PERSIST
 
     tmp = Path(tempfile.mkdtemp())
-    libs = {v or "as_is": build(tmp, [d for d in v.split("+") if d]) for v in args.variants.split(",")}
+    src, (phases, embed_phase) = KERNELS[args.kernel], PHASES[args.kernel]
+    libs = {v or "as_is": build(src, tmp, [d for d in v.split("+") if d]) for v in args.variants.split(",")}
     engine, prompts = random_engine(args.context, 1)
     m, ctx, a = engine.model, args.context, engine.model.args
     seq = (prompts[0] * 20)[: ctx + 40]
@@ -100,9 +116,18 @@ def main() -> None:
         "part": torch.zeros(
             16 * a.heads * -(-m.slots // 32) * (a.head_dim + 2), device=dev, dtype=torch.float32
         ),
+        "po": torch.zeros(a.heads, 16, a.hidden, device=dev, dtype=torch.float32),
+        "pd": torch.zeros(16, 16, a.hidden, device=dev, dtype=torch.float32),
+        "xa": torch.zeros(16, a.hidden, device=dev, dtype=torch.bfloat16),
+        "xb": torch.zeros(16, a.hidden, device=dev, dtype=torch.bfloat16),
+        "err": torch.zeros(1, device=dev, dtype=torch.int32),
     }
-    timeline = torch.zeros(8 + 5 * a.layers, device=dev, dtype=torch.int64)
+    timeline = torch.zeros(64 + 16 * a.layers, device=dev, dtype=torch.int64)
     grid = torch.cuda.get_device_properties(dev).multi_processor_count
+    if args.kernel == "mega2":  # as many clusters of 8 as fit at once (the same build for every variant)
+        grid = next(iter(libs.values())).mega_blocks()
+        if grid < 0:
+            sys.exit(f"refspec_mega2: no grid of >= 12 clusters of 8 blocks fits (CUDA error {-grid})")
     p = Params()
     for name, t in {"embed": m.embed, "head": m.head, "norm": m.norm, "ln1": ln1, "wqkv": wqkv, "wo": wo,
                     "ln2": ln2, "wgu": wgu, "wd": wd, "cos": m.cos, "sin": m.sin, "kc": m.kc, "vc": m.vc,
@@ -115,11 +140,16 @@ def main() -> None:
         err = lib.mega_pass(ctypes.byref(p), grid, torch.cuda.current_stream().cuda_stream)
         if err:
             raise RuntimeError(f"mega_pass: CUDA error {err}")
+        if not torch.cuda.is_current_stream_capturing() and bufs["err"].item():
+            raise RuntimeError(
+                "mega_pass: the pass refused its inputs (start + rows > slots, or too many attention chunks)"
+            )
 
     def set_inputs(rows: int, at: int) -> list[int]:  # the Triton pass (a graph replay) fills m.inp too
         return m.verify(seq[at : at + rows], list(range(at, at + rows)), at, None)
 
-    out: dict = {"device": torch.cuda.get_device_name(0), "context": ctx, "grid": grid, "rows": {}}
+    out: dict = {"device": torch.cuda.get_device_name(0), "kernel": args.kernel, "context": ctx, "grid": grid,
+                 "rows": {}}  # fmt: skip
     for rows in [int(r) for r in args.rows.split(",")]:
         res: dict = {}
         n = -(-rows // 16) * 16
@@ -143,12 +173,26 @@ def main() -> None:
             mega(lib, rows, trace=True)
             torch.cuda.synchronize()
             v["same_bits_twice"] = bool(torch.equal(xm, bufs["x"][:rows]))
-            t = timeline.tolist()
-            steps = [(t[k] - t[k - 1]) / 1e3 for k in range(1, 3 + 5 * a.layers)]
-            v["phase_us"] = {"embed": steps[0], "head": steps[-1]} | {
-                ph: statistics.mean(steps[1 + 5 * i + j] for i in range(a.layers))
-                for j, ph in enumerate(PHASES)
-            }
+            t, k0, n = timeline.tolist(), int(embed_phase), len(phases)
+            steps = [(t[k] - t[k - 1]) / 1e3 for k in range(1, k0 + n * a.layers + 2)]
+            v["phase_us"] = (
+                ({"embed": steps[0]} if embed_phase else {})
+                | {"head": steps[-1]}
+                | {
+                    ph: statistics.mean(steps[k0 + n * i + j] for i in range(a.layers))
+                    for j, ph in enumerate(phases)
+                }
+            )
+            if (
+                args.kernel == "mega2"
+            ):  # block 0's steps within a layer (its SM clock, in the global timer's ns)
+                ns_per_clock = (t[len(steps)] - t[0]) / max(1, t[63] - t[62])
+                ticks = [t[64 + 16 * i : 64 + 16 * i + 16] for i in range(a.layers)]
+                ticks = [row[:15] + [ticks[i + 1][0]] for i, row in enumerate(ticks[:-1])]
+                v["step_ns"] = {
+                    name: round(ns_per_clock * statistics.mean(row[k + 1] - row[k] for row in ticks), 1)
+                    for k, name in enumerate(STEPS)
+                }
             if rows > 1:  # a chain row = its AR step: row rows-1 again as a one-row pass at its position
                 last = rows - 1
                 m.tokens[:1] = m.tokens[last : last + 1].clone()
