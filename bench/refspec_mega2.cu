@@ -37,7 +37,7 @@ constexpr int CL = 8, CW = CL * WARPS;  // blocks and warps a cluster
 constexpr int OUTS = H / CL;            // 72 outputs of o_proj and down a block, 9 a warp
 constexpr int ICMAX = 128;              // intermediate columns a cluster at most (>= 12 clusters)
 constexpr int GU_ROWS = 2 * ICMAX / CW; // gate/up rows a warp at most
-constexpr int MAX_ITEMS = 192;          // (row, chunk) attention items a pass at most
+constexpr int MAX_ITEMS = 192;          // (row, chunk) attention items a pass at most (128 at one row)
 constexpr int PART = D + 2;             // a chunk's max, sum and P·V
 constexpr int KVLD = D + 8;             // a K/V row in shared memory, padded: a lane's 16-byte loads
                                         // of its own row hit distinct banks
@@ -62,6 +62,7 @@ struct Params {  // refspec_mega.cu's Params, then this pass's own buffers
   float *po, *pd;          // [NH, R, H] o_proj partials; [clusters, R, H] down partials
   __nv_bfloat16 *xa, *xb;  // the residual after the MLP block (xb) and after the attention block's input (xa)
   int* err;                // 1: the pass did not run (start + R > S, or too many attention items)
+  unsigned *flags, *epoch;  // FLAG_BARRIER: a flag a block ([grid]); the barriers passed before this pass
 };
 
 namespace {
@@ -181,7 +182,8 @@ __device__ __forceinline__ float reduce16(float (&v)[16], int lane) {
 }
 template <int RM, int K>  // RM: the kernel's rows at most (1: the one-row build)
 __device__ __forceinline__ float dots(const Row<K>& w, const float* xs, int R, int lane) {
-  if (RM == 1 || R == 1) return warp_sum(w.dot(xs, lane));
+  if constexpr (RM == 1) return warp_sum(w.dot(xs, lane));
+  if (R == 1) return warp_sum(w.dot(xs, lane));
   float v[RMAX];
 #pragma unroll
   for (int r = 0; r < RMAX; r++) v[r] = r < R ? w.dot(xs + r * K, lane) : 0.f;
@@ -189,10 +191,25 @@ __device__ __forceinline__ float dots(const Row<K>& w, const float* xs, int R, i
 }
 
 __device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2bfloat16(v)); }
-__device__ __forceinline__ uint4 ld_cg(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
-__device__ __forceinline__ unsigned ld_cg32(const void* p) { return __ldcg(reinterpret_cast<const unsigned*>(p)); }
 
 // -- the grid barrier: a counter that only grows; barrier k waits for k · gridDim.x arrivals
+#ifdef FLAG_BARRIER
+// -- the grid barrier as a flag a block: block b stores the barrier's number (counted over every
+// pass: *epoch + k) to flags[b]; a waiter's thread t watches flags[t]. No atomic on one address.
+__device__ __forceinline__ void arrive_flag(unsigned* flags, unsigned value) {
+  __syncthreads();
+  if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flags + blockIdx.x), "r"(value) : "memory");
+}
+__device__ __forceinline__ void wait_flags(const unsigned* flags, unsigned value) {
+  for (int b = threadIdx.x; b < (int)gridDim.x; b += THREADS) {
+    unsigned v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flags + b) : "memory");
+    } while ((int)(v - value) < 0);
+  }
+  __syncthreads();
+}
+#else
 __device__ __forceinline__ void arrive(unsigned* bar) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -211,6 +228,7 @@ __device__ __forceinline__ void wait(unsigned* bar, unsigned target) {
   }
   __syncthreads();
 }
+#endif
 
 // xs[r] = the residual stream's row r as floats: bf(base[r] + bf(Σ_k parts[k][r])) (the sum in k's
 // order; no parts: base[r]), written as bf16 to keep[r] too when keep is given; then, with ln,
@@ -292,6 +310,57 @@ __device__ __forceinline__ void push(cg::cluster_group& cl, float* buf, size_t i
 
 __device__ __forceinline__ int chunks_of(int start, int r) { return (start + r + 32) / 32; }
 
+__device__ __forceinline__ void cp16(void* smem_dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(smem_dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// dot(a row of K bf16 weights in shared memory, xs): this lane's share, in Row<K>::dot's order
+template <int K>
+__device__ __forceinline__ float dot_s(const __nv_bfloat16* row, const float* xs, int lane) {
+  constexpr int N = K / 8, C = (N + 31) / 32;
+  float acc = 0.f;
+#pragma unroll
+  for (int c = 0; c < C; c++) {
+    const int i = lane + 32 * c;
+    if (i < N) acc = Row<8>::dot8(reinterpret_cast<const uint4*>(row)[i], xs + 8 * i, acc);
+  }
+  return acc;
+}
+// Slice::run with the warp's 9 rows in shared memory (row i at rows + i · ld_w)
+__device__ __forceinline__ void slice_s(const __nv_bfloat16* rows, int ld_w, const float* xs, int n8, float* dst,
+                                        int out0, int lane) {
+  const int g = lane / 4, sub = lane % 4;
+#pragma unroll
+  for (int ps = 0; ps < 2; ps++) {
+    const int i = ps == 0 ? g : 8;
+    const bool live = ps == 0 || g == 0;
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < ICMAX / 32; u++) {
+      const int c = sub + 4 * u;
+      if (live && c < n8) acc = Row<8>::dot8(reinterpret_cast<const uint4*>(rows + (size_t)i * ld_w)[c], xs + 8 * c, acc);
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    if (sub == 0 && live) dst[out0 + i] = acc;
+  }
+}
+
+// Shared memory of the RM-row build (floats, then bf16 K/V rows, then at one row the weights):
+// RM = 1 keeps its next phase's weights here (cp.async a phase ahead); RM = 16 in registers.
+template <int RM>
+struct Smem {
+  static constexpr int ITEMS = RM == 1 ? 128 : MAX_ITEMS;
+  static constexpr int XS = 0, QKV = XS + RM * H, GU = QKV + 3 * RM * D, HS = GU + RM * 2 * ICMAX,
+                       OS = HS + RM * ICMAX, PARTS = OS + RM * D, ROPE = PARTS + ITEMS * PART, FLOATS = ROPE + RM * D;
+  static constexpr int KV = WARPS * 2 * 32 * KVLD;                                  // bf16
+  static constexpr int WQ = 3 * H, WO = 9 * D, WG = GU_ROWS * H, WD = 9 * ICMAX;   // bf16 a warp
+  static constexpr int W = RM == 1 ? WARPS * (WQ + WO + WG + WD) : 0;
+  static constexpr size_t BYTES = sizeof(float) * FLOATS + sizeof(__nv_bfloat16) * (KV + W);
+};
+
 __device__ __forceinline__ unsigned long long pack_best(float v, int idx) {
   unsigned u = __float_as_uint(v);
   u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
@@ -311,18 +380,26 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
   const int IC = ((INTER + ncl - 1) / ncl + 7) / 8 * 8;    // intermediate columns a cluster
   const int j0 = cid * IC, icn = max(0, min(IC, INTER - j0));
   const int nslices = (INTER + IC - 1) / IC;              // clusters with columns: down partials
-  float* xs = smem;                        // [R, H]
-  float* qkv = xs + RMAX * H;              // [3, R, D]: q, k, v of the cluster's head (pushed)
-  float* gu = qkv + 3 * RMAX * D;          // [R, 2 · ICMAX]: gate, then up (pushed)
-  float* hs = gu + RMAX * 2 * ICMAX;       // [R, ICMAX]
-  float* os = hs + RMAX * ICMAX;           // [R, D]: attention's output
-  float* part = os + RMAX * D;             // [MAX_ITEMS, PART] (pushed)
-  float* rope = part + MAX_ITEMS * PART;   // [R, D / 2, 2]: cos and sin of each row's position
+  using SM = Smem<RM>;
+  constexpr int RS = RM;                   // rows of the shared buffers
+  float* xs = smem + SM::XS;               // [R, H]
+  float* qkv = smem + SM::QKV;             // [3, R, D]: q, k, v of the cluster's head (pushed)
+  float* gu = smem + SM::GU;               // [R, 2 · ICMAX]: gate, then up (pushed)
+  float* hs = smem + SM::HS;               // [R, ICMAX]
+  float* os = smem + SM::OS;               // [R, D]: attention's output
+  float* part = smem + SM::PARTS;          // [ITEMS, PART] (pushed)
+  float* rope = smem + SM::ROPE;           // [R, D / 2, 2]: cos and sin of each row's position
   // [WARPS][K, V][32 slots][KVLD]: a warp's attention item's K and V rows of slots before `start`
-  __nv_bfloat16* kvs = reinterpret_cast<__nv_bfloat16*>(rope + RMAX * D) + (size_t)warp * 2 * 32 * KVLD;
+  __nv_bfloat16* kvs = reinterpret_cast<__nv_bfloat16*>(smem + SM::FLOATS) + (size_t)warp * 2 * 32 * KVLD;
+  // one row: this warp's weights of each phase ([3][H] Q/K/V, [9][D] o_proj, [GU_ROWS][H] gate/up, [9][ICMAX] down)
+  __nv_bfloat16* wsm = reinterpret_cast<__nv_bfloat16*>(smem + SM::FLOATS) + SM::KV;
+  __nv_bfloat16* wq_s = wsm + warp * SM::WQ;
+  __nv_bfloat16* wo_s = wsm + WARPS * SM::WQ + warp * SM::WO;
+  __nv_bfloat16* wg_s = wsm + WARPS * (SM::WQ + SM::WO) + warp * SM::WG;
+  __nv_bfloat16* wd_s = wsm + WARPS * (SM::WQ + SM::WO + SM::WG) + warp * SM::WD;
   int items = 0;
   for (int r = 0; r < R; r++) items += chunks_of(start, r);
-  if (start + R > p.S || items > MAX_ITEMS) {  // every block sees the same and leaves before any barrier
+  if (start + R > p.S || items > SM::ITEMS) {  // every block sees the same and leaves before any barrier
     if (blockIdx.x == 0 && threadIdx.x == 0) *p.err = 1;
     return;
   }
@@ -336,8 +413,14 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
       p.timeline[k] = t;
     }
   };
+#ifdef FLAG_BARRIER
+  const unsigned ep0 = *p.epoch;  // (block 0 adds this pass's barriers after the last one)
+  auto sync = [&]() { nbar++; arrive_flag(p.flags, ep0 + nbar); };
+  auto done = [&]() { wait_flags(p.flags, ep0 + nbar); stamp(nbar); };
+#else
   auto sync = [&]() { arrive(p.bar); nbar++; };
   auto done = [&]() { wait(p.bar, nbar * gridDim.x); stamp(nbar); };
+#endif
   // with a timeline: block 0's SM clock at step k of layer l (timeline[64 + 16 l + k]); its clock at
   // the pass's start and end in timeline[62], [63] (the global timer's ns per clock from them)
   auto tick = [&](int l, int k) {
@@ -385,15 +468,41 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
     __nv_bfloat16* vd = kvs + (size_t)(32 + lane) * KVLD;
 #pragma unroll
     for (int k = 0; k < D / 8; k++) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(kd + 8 * k)),
-                   "l"(kb + 8 * k));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(vd + 8 * k)),
-                   "l"(vb + 8 * k));
+      cp16(kd + 8 * k, kb + 8 * k);
+      cp16(vd + 8 * k, vb + 8 * k);
     }
-    asm volatile("cp.async.commit_group;");
   };
-  load_attn(0);
+  // one row: a phase's weights into the warp's shared memory, a phase ahead (the caller commits)
+  auto fetch_attn_w = [&](int l) {
+    if (!attn) return;
+    const __nv_bfloat16* w = p.wqkv + (size_t)l * (NH + 2 * NKV) * D * H;
+    for (int c = lane; c < 3 * (H / 8); c += 32) {
+      const int i = c / (H / 8), k = c % (H / 8);
+      const int row = (i == 0 ? hh * D : i == 1 ? NH * D + kvh * D : (NH + NKV) * D + kvh * D) + cw;
+      cp16(wq_s + i * H + 8 * k, w + (size_t)row * H + 8 * k);
+    }
+    const __nv_bfloat16* o = p.wo + (size_t)l * H * H + (size_t)(rank * OUTS + warp * 9) * H + hh * D;
+    for (int c = lane; c < 9 * (D / 8); c += 32) cp16(wo_s + (c / 8) * D + 8 * (c % 8), o + (size_t)(c / 8) * H + 8 * (c % 8));
+  };
+  auto fetch_mlp_w = [&](int l) {
+    const __nv_bfloat16* w = p.wgu + (size_t)l * 2 * INTER * H;
+    for (int c = lane; c < GU_ROWS * (H / 8); c += 32) {
+      const int i = c / (H / 8), k = cw + CW * i, j = k < IC ? k : k - IC, e = c % (H / 8);
+      if (k < 2 * IC && j < icn) cp16(wg_s + i * H + 8 * e, w + (size_t)((k < IC ? 0 : INTER) + j0 + j) * H + 8 * e);
+    }
+    const __nv_bfloat16* d = p.wd + (size_t)l * H * INTER + (size_t)(rank * OUTS + warp * 9) * INTER + j0;
+    for (int c = lane; c < 9 * (icn / 8); c += 32) {
+      const int i = c / (icn / 8), e = c % (icn / 8);
+      cp16(wd_s + i * ICMAX + 8 * e, d + (size_t)i * INTER + 8 * e);
+    }
+  };
+  if constexpr (RM == 1) {
+    fetch_attn_w(0);
+  } else {
+    load_attn(0);
+  }
   fetch_kv(0, cw);
+  cp_commit();
 
   for (int l = 0; l < p.L; l++) {
     __nv_bfloat16* kc = p.kc + (size_t)l * NKV * p.S * D;
@@ -416,20 +525,24 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
       if (l == 0) stage(xs, p.embed, p.tokens, nullptr, 0, keep, p.ln1, R, p.eps);
       else stage(xs, p.xb, nullptr, p.pd, nslices, keep, p.ln1 + l * H, R, p.eps);
       tick(l, 1);
+      if constexpr (RM == 1) {
+        cp_wait_all();  // this warp's Q/K/V and o_proj rows and its first K/V chunk
+        __syncwarp();
 #pragma unroll
-      for (int i = 0; i < 3; i++) {
-        push<RM>(cl, qkv, (size_t)i * RMAX * D + cw, D, bf(dots<RM>(wq[i], xs, R, lane)), R, lane);
+        for (int i = 0; i < 3; i++) push<RM>(cl, qkv, (size_t)i * D + cw, D, bf(warp_sum(dot_s<H>(wq_s + i * H, xs, lane))), 1, lane);
+        fetch_mlp_w(l);  // the MLP block's weights while attention runs
+        cp_commit();
+      } else {
+#pragma unroll
+        for (int i = 0; i < 3; i++) push<RM>(cl, qkv, (size_t)i * RS * D + cw, D, bf(dots<RM>(wq[i], xs, R, lane)), R, lane);
       }
       tick(l, 2);
-#ifdef EARLY_MLP_W
-      load_mlp(l);  // the MLP block's weights while attention runs, not at the barrier
-#endif
       cl.sync();
       tick(l, 3);
       // RoPE on q and k (every block its own copy); the new K and V into the cache (one block a group)
       for (int i = threadIdx.x; i < 2 * R * (D / 2); i += THREADS) {
         const int which = i / (R * (D / 2)), r = i / (D / 2) % R, j = i % (D / 2);
-        float* row = qkv + ((size_t)which * RMAX + r) * D;
+        float* row = qkv + ((size_t)which * RS + r) * D;
         const float c = rope[2 * (r * (D / 2) + j)], s = rope[2 * (r * (D / 2) + j) + 1];
         const float lo = row[j], hi = row[j + 32];
         row[j] = bf(lo * c - hi * s), row[j + 32] = bf(hi * c + lo * s);
@@ -440,14 +553,18 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
         for (int i = threadIdx.x; i < 2 * R * D; i += THREADS) {
           const int which = i / (R * D), r = i / D % R, d = i % D;
           __nv_bfloat16* dst = (which == 0 ? kc : vc) + ((size_t)kvh * p.S + start + r) * D + d;
-          *dst = __float2bfloat16(qkv[((size_t)(1 + which) * RMAX + r) * D + d]);
+          *dst = __float2bfloat16(qkv[((size_t)(1 + which) * RS + r) * D + d]);
         }
       }
       // attention: a warp per (row, 32-slot chunk), a lane per slot; slots before `start` from the
       // cache (fetch_kv), the pass's own from the pushed K and V
       for (int item = cw; item < items; item += CW) {
-        if (item != cw) __syncwarp(), fetch_kv(l, item);  // (the first came before the barrier)
-        asm volatile("cp.async.wait_all;" ::: "memory");
+        if (item != cw) {  // (the first came a phase ahead)
+          __syncwarp();
+          fetch_kv(l, item);
+          cp_commit();
+        }
+        if (RM != 1 || item != cw) cp_wait_all();
         __syncwarp();
         int it = item, r = 0;
         while (it >= chunks_of(start, r)) it -= chunks_of(start, r), r++;
@@ -463,7 +580,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
           } else if (sj < start) {
             vv[j] = *reinterpret_cast<const unsigned*>(kvs + (size_t)(32 + j) * KVLD + 2 * lane);
           } else {
-            const float* vr = qkv + ((size_t)2 * RMAX + (sj - start)) * D + 2 * lane;
+            const float* vr = qkv + ((size_t)2 * RS + (sj - start)) * D + 2 * lane;
             __nv_bfloat162 b = __floats2bfloat162_rn(vr[0], vr[1]);
             vv[j] = *reinterpret_cast<unsigned*>(&b);
           }
@@ -476,7 +593,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
 #pragma unroll
             for (int k = 0; k < D / 8; k++) acc = Row<8>::dot8(kr[k], qr + 8 * k, acc);
           } else {
-            const float* kn = qkv + ((size_t)RMAX + (s - start)) * D;
+            const float* kn = qkv + ((size_t)RS + (s - start)) * D;
 #pragma unroll
             for (int d = 0; d < D; d++) acc = fmaf(qr[d], kn[d], acc);
           }
@@ -536,33 +653,47 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
       }
       __syncthreads();
       tick(l, 7);
-      wo.run(os, D, D / 8, R, p.po + (size_t)hh * R * H, rank * OUTS + warp * 9, lane);
+      if constexpr (RM == 1) {
+        slice_s(wo_s, D, os, D / 8, p.po + (size_t)hh * H, rank * OUTS + warp * 9, lane);
+      } else {
+        wo.run(os, D, D / 8, R, p.po + (size_t)hh * R * H, rank * OUTS + warp * 9, lane);
+      }
       tick(l, 8);
     }
+    if constexpr (RM == 1) {
+      if (!attn) {  // (clusters with a head fetched theirs during attention)
+        fetch_mlp_w(l);
+        cp_commit();
+      }
+    }
     sync();
-#ifdef EARLY_MLP_W
-    if (!attn) load_mlp(l);
-#else
-    load_mlp(l);
-#endif
+    if constexpr (RM != 1) load_mlp(l);
     done();
 
     // ---- the MLP block: a cluster per slice of the intermediate columns
     tick(l, 9);
     stage(xs, p.xa, nullptr, p.po, NH, blockIdx.x == 0 ? p.xb : nullptr, p.ln2 + l * H, R, p.eps);
     tick(l, 10);
+    if constexpr (RM == 1) {
+      cp_wait_all();  // this warp's gate/up and down rows
+      __syncwarp();
+    }
 #pragma unroll
     for (int i = 0; i < GU_ROWS; i++) {
       const int k = cw + CW * i, j = k < IC ? k : k - IC;
       if (k < 2 * IC && j < icn) {
-        push<RM>(cl, gu, k, 2 * ICMAX, bf(dots<RM>(wg[i], xs, R, lane)), R, lane);
+        if constexpr (RM == 1) {
+          push<RM>(cl, gu, k, 2 * ICMAX, bf(warp_sum(dot_s<H>(wg_s + i * H, xs, lane))), 1, lane);
+        } else {
+          push<RM>(cl, gu, k, 2 * ICMAX, bf(dots<RM>(wg[i], xs, R, lane)), R, lane);
+        }
       }
     }
     tick(l, 11);
-#ifdef EARLY_ATTN_W
-    load_attn(min(l + 1, p.L - 1));  // the next attention block's weights and K/V while the MLP runs
-    if (l + 1 < p.L) fetch_kv(l + 1, cw);
-#endif
+    if constexpr (RM == 1) {  // the next attention block's weights and first K/V chunk while the MLP runs
+      if (l + 1 < p.L) fetch_attn_w(l + 1), fetch_kv(l + 1, cw);
+      cp_commit();
+    }
     cl.sync();
     tick(l, 12);
     for (int i = threadIdx.x; i < R * IC; i += THREADS) {
@@ -576,13 +707,20 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
     }
     __syncthreads();
     tick(l, 13);
-    if (icn > 0) wd.run(hs, ICMAX, icn / 8, R, p.pd + (size_t)cid * R * H, rank * OUTS + warp * 9, lane);
+    if (icn > 0) {
+      if constexpr (RM == 1) {
+        slice_s(wd_s, ICMAX, hs, icn / 8, p.pd + (size_t)cid * H, rank * OUTS + warp * 9, lane);
+      } else {
+        wd.run(hs, ICMAX, icn / 8, R, p.pd + (size_t)cid * R * H, rank * OUTS + warp * 9, lane);
+      }
+    }
     tick(l, 14);
     sync();
-#ifndef EARLY_ATTN_W
-    load_attn(min(l + 1, p.L - 1));  // (after the last layer: loaded, not used)
-    if (l + 1 < p.L) fetch_kv(l + 1, cw);  // the first item's K and V, before the barrier
-#endif
+    if constexpr (RM != 1) {  // the next attention block's weights and first K/V chunk, before the wait
+      load_attn(min(l + 1, p.L - 1));  // (after the last layer: loaded, not used)
+      if (l + 1 < p.L) fetch_kv(l + 1, cw);
+      cp_commit();
+    }
     done();
   }
 
@@ -615,16 +753,15 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
     const unsigned long long b = atomicAdd(p.best + threadIdx.x, 0ull);
     p.out[threadIdx.x] = (long long)(unsigned)(~(unsigned)(b & 0xffffffffu));
   }
+#ifdef FLAG_BARRIER
+  if (blockIdx.x == 0 && threadIdx.x == 0) *p.epoch = ep0 + nbar;  // every block has read ep0 by now
+#endif
   cl.sync();  // no block leaves while another may still write its shared memory
 }
 
-constexpr size_t SMEM = sizeof(float) * (RMAX * H + 3 * RMAX * D + RMAX * 2 * ICMAX + RMAX * ICMAX + RMAX * D +
-                                         MAX_ITEMS * PART + RMAX * D) +
-                      sizeof(__nv_bfloat16) * WARPS * 2 * 32 * KVLD;
-
-cudaLaunchConfig_t config(int clusters, cudaStream_t s, cudaLaunchAttribute* attr) {
+cudaLaunchConfig_t config(int clusters, size_t smem, cudaStream_t s, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t c = {};
-  c.gridDim = dim3(clusters * CL), c.blockDim = dim3(THREADS), c.dynamicSmemBytes = SMEM, c.stream = s;
+  c.gridDim = dim3(clusters * CL), c.blockDim = dim3(THREADS), c.dynamicSmemBytes = smem, c.stream = s;
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = CL, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
   c.attrs = attr, c.numAttrs = 1;
@@ -639,14 +776,14 @@ int clusters_ = 0;  // clusters of the grid: as many as can be resident at once,
 // must fit at once (the MLP block's slices are at most 128 columns).
 extern "C" int mega_blocks() {
   if (clusters_ == 0) {
-    for (auto k : {mega2_kernel<1>, mega2_kernel<RMAX>}) {
-      cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM);
-      if (e != cudaSuccess) return -(int)e;
-    }
+    cudaError_t e = cudaFuncSetAttribute(mega2_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Smem<1>::BYTES);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(mega2_kernel<RMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Smem<RMAX>::BYTES);
+    if (e != cudaSuccess) return -(int)e;
     cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t c = config(16, nullptr, attr);
+    cudaLaunchConfig_t c = config(16, Smem<RMAX>::BYTES, nullptr, attr);
     int n = 0;
-    cudaError_t e = cudaOccupancyMaxActiveClusters(&n, mega2_kernel<RMAX>, &c);
+    e = cudaOccupancyMaxActiveClusters(&n, mega2_kernel<RMAX>, &c);
     if (e != cudaSuccess) return -(int)e;
     if (n < 12) return -(int)cudaErrorInvalidConfiguration;
     clusters_ = n < 16 ? n : 16;
@@ -667,7 +804,7 @@ extern "C" int mega_pass(const Params* p, int grid, void* stream) {
   cudaMemsetAsync(p->best, 0, p->R * sizeof(unsigned long long), s);
   cudaMemsetAsync(p->err, 0, sizeof(int), s);
   cudaLaunchAttribute attr[1];
-  cudaLaunchConfig_t c = config(blocks / CL, s, attr);
+  cudaLaunchConfig_t c = config(blocks / CL, p->R == 1 ? Smem<1>::BYTES : Smem<RMAX>::BYTES, s, attr);
   if (p->R == 1) return (int)cudaLaunchKernelEx(&c, mega2_kernel<1>, *p);
   return (int)cudaLaunchKernelEx(&c, mega2_kernel<RMAX>, *p);
 }
