@@ -44,6 +44,11 @@ constexpr int KVLD = D + 8;             // a K/V row in shared memory, padded: a
 #ifndef PK
 #define PK 16                           // partial sums a thread loads at once in `stage`
 #endif
+#ifdef LL
+constexpr bool LL_ON = true;  // one row: partial sums carry their layer in each word; no grid barrier a layer
+#else
+constexpr bool LL_ON = false;
+#endif
 
 struct Params {  // refspec_mega.cu's Params, then this pass's own buffers
   const __nv_bfloat16 *embed, *head, *norm, *ln1, *wqkv, *wo, *ln2, *wgu, *wd;
@@ -233,8 +238,10 @@ __device__ __forceinline__ void wait(unsigned* bar, unsigned target) {
 // xs[r] = the residual stream's row r as floats: bf(base[r] + bf(Σ_k parts[k][r])) (the sum in k's
 // order; no parts: base[r]), written as bf16 to keep[r] too when keep is given; then, with ln,
 // HF's RMSNorm of each row in place: bf(ln · bf(x · rstd)).
+__device__ void norm_rows(float* xs, const __nv_bfloat16* ln, int R, float eps);
+
 __device__ void stage(float* xs, const __nv_bfloat16* base, const int* tok, const float* parts, int nparts,
-                      __nv_bfloat16* keep, const __nv_bfloat16* ln, int R, float eps) {
+                      __nv_bfloat16* keep, const __nv_bfloat16* ln, int R, float eps, float* raw = nullptr) {
   for (int i = threadIdx.x; i < R * H / 4; i += THREADS) {
     const int r = i / (H / 4), n = 4 * (i % (H / 4));
     const __nv_bfloat16* src = tok != nullptr ? base + (size_t)tok[r] * H + n : base + (size_t)r * H + n;
@@ -254,6 +261,7 @@ __device__ void stage(float* xs, const __nv_bfloat16* base, const int* tok, cons
     float4 x = make_float4(b0.x, b0.y, b1.x, b1.y);
     if (nparts > 0) x = make_float4(bf(x.x + bf(s.x)), bf(x.y + bf(s.y)), bf(x.z + bf(s.z)), bf(x.w + bf(s.w)));
     *reinterpret_cast<float4*>(xs + (size_t)r * H + n) = x;
+    if (raw != nullptr) *reinterpret_cast<float4*>(raw + (size_t)r * H + n) = x;
     if (keep != nullptr) {
       __nv_bfloat162 k0 = __floats2bfloat162_rn(x.x, x.y), k1 = __floats2bfloat162_rn(x.z, x.w);
       uint2 o;
@@ -262,7 +270,11 @@ __device__ void stage(float* xs, const __nv_bfloat16* base, const int* tok, cons
     }
   }
   __syncthreads();
-  if (ln == nullptr) return;
+  if (ln != nullptr) norm_rows(xs, ln, R, eps);
+}
+
+// HF's RMSNorm of each row of xs in place: bf(ln · bf(x · rstd))
+__device__ void norm_rows(float* xs, const __nv_bfloat16* ln, int R, float eps) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int N = H / 8, C = (N + 31) / 32;
   for (int r = warp; r < R; r += WARPS) {
@@ -294,6 +306,49 @@ __device__ void stage(float* xs, const __nv_bfloat16* base, const int* tok, cons
     }
   }
   __syncthreads();
+}
+
+// -- the LL exchange (one row): a partial sum's word is (layer flag << 32 | fp32 bits), stored and
+// loaded as one 64-bit access, so a reader that sees its flag has the value: the data is the barrier.
+__device__ __forceinline__ void st_ll(unsigned long long* p, float v, unsigned flag) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(((unsigned long long)flag << 32) | __float_as_uint(v))
+               : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_ll(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+// xs = raw = bf(raw + bf(Σ_k parts[k])) (k's order), each part's word waited for until it carries
+// `flag`; keep gets it as bf16; then the RMSNorm. Three elements a thread (192 threads).
+[[maybe_unused]] __device__ void stage_ll(float* xs, float* raw, const unsigned long long* parts, int nparts, unsigned flag,
+                         __nv_bfloat16* keep, const __nv_bfloat16* ln, float eps) {
+  for (int t = threadIdx.x; t < H / 3; t += THREADS) {
+    const int n = 3 * t;
+    unsigned long long w[16][3];
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+#pragma unroll
+      for (int e = 0; e < 3; e++)
+        if (k < nparts) w[k][e] = ld_ll(parts + (size_t)k * H + n + e);
+    float sum[3] = {0.f, 0.f, 0.f};
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+#pragma unroll
+      for (int e = 0; e < 3; e++)
+        if (k < nparts) {
+          while ((unsigned)(w[k][e] >> 32) != flag) w[k][e] = ld_ll(parts + (size_t)k * H + n + e);
+          sum[e] += __uint_as_float((unsigned)w[k][e]);
+        }
+#pragma unroll
+    for (int e = 0; e < 3; e++) {
+      const float x = bf(raw[n + e] + bf(sum[e]));
+      raw[n + e] = xs[n + e] = x;
+      if (keep != nullptr) keep[n + e] = __float2bfloat16(x);
+    }
+  }
+  __syncthreads();
+  norm_rows(xs, ln, 1, eps);
 }
 
 // row r's value y of a GEMV (lanes 2r and 2r + 1 hold it; every lane with one row) to offset
@@ -329,8 +384,9 @@ __device__ __forceinline__ float dot_s(const __nv_bfloat16* row, const float* xs
   return acc;
 }
 // Slice::run with the warp's 9 rows in shared memory (row i at rows + i · ld_w)
-__device__ __forceinline__ void slice_s(const __nv_bfloat16* rows, int ld_w, const float* xs, int n8, float* dst,
-                                        int out0, int lane) {
+// (with `flag`, dst is LL words: see st_ll)
+__device__ __forceinline__ void slice_s(const __nv_bfloat16* rows, int ld_w, const float* xs, int n8, void* dst,
+                                        int out0, int lane, unsigned flag = 0) {
   const int g = lane / 4, sub = lane % 4;
 #pragma unroll
   for (int ps = 0; ps < 2; ps++) {
@@ -344,7 +400,10 @@ __device__ __forceinline__ void slice_s(const __nv_bfloat16* rows, int ld_w, con
     }
     acc += __shfl_xor_sync(0xffffffffu, acc, 2);
     acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    if (sub == 0 && live) dst[out0 + i] = acc;
+    if (sub == 0 && live) {
+      if (flag != 0) st_ll(static_cast<unsigned long long*>(dst) + out0 + i, acc, flag);
+      else static_cast<float*>(dst)[out0 + i] = acc;
+    }
   }
 }
 
@@ -354,7 +413,8 @@ template <int RM>
 struct Smem {
   static constexpr int ITEMS = RM == 1 ? 128 : MAX_ITEMS;
   static constexpr int XS = 0, QKV = XS + RM * H, GU = QKV + 3 * RM * D, HS = GU + RM * 2 * ICMAX,
-                       OS = HS + RM * ICMAX, PARTS = OS + RM * D, ROPE = PARTS + ITEMS * PART, FLOATS = ROPE + RM * D;
+                       OS = HS + RM * ICMAX, PARTS = OS + RM * D, ROPE = PARTS + ITEMS * PART, RAW = ROPE + RM * D,
+                       FLOATS = RAW + (RM == 1 ? H : 0);  // RAW: the one-row build's residual stream (LL)
   static constexpr int KV = WARPS * 2 * 32 * KVLD;                                  // bf16
   static constexpr int WQ = 3 * H, WO = 9 * D, WG = GU_ROWS * H, WD = 9 * ICMAX;   // bf16 a warp
   static constexpr int W = RM == 1 ? WARPS * (WQ + WO + WG + WD) : 0;
@@ -389,6 +449,8 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
   float* os = smem + SM::OS;               // [R, D]: attention's output
   float* part = smem + SM::PARTS;          // [ITEMS, PART] (pushed)
   float* rope = smem + SM::ROPE;           // [R, D / 2, 2]: cos and sin of each row's position
+  float* xres = smem + SM::RAW;            // [H] (one row, LL): this block's copy of the residual stream
+  constexpr bool ll = RM == 1 && LL_ON;
   // [WARPS][K, V][32 slots][KVLD]: a warp's attention item's K and V rows of slots before `start`
   __nv_bfloat16* kvs = reinterpret_cast<__nv_bfloat16*>(smem + SM::FLOATS) + (size_t)warp * 2 * 32 * KVLD;
   // one row: this warp's weights of each phase ([3][H] Q/K/V, [9][D] o_proj, [GU_ROWS][H] gate/up, [9][ICMAX] down)
@@ -405,7 +467,13 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
   }
   const bool attn = cid < NH;  // this cluster's head in the attention block
   const int hh = cid, kvh = hh / GROUP;
-  unsigned nbar = 0;
+  unsigned nbar = 0, nreal = 0;  // phases passed; grid barriers passed (fewer with LL)
+  const unsigned ep0 = *p.epoch;  // flags of this pass count from here (block 0 moves it on at the end)
+  auto flag = [&](int l) { return ep0 + (unsigned)l + 1u; };
+  // LL words of layer l's partial sums, by the layer's parity: a block that reads layer l's late is
+  // still done before any block writes layer l + 2's (that needs every block's layer l + 1)
+  auto po_ll = [&](int l) { return reinterpret_cast<unsigned long long*>(p.po) + (size_t)(l & 1) * NH * H; };
+  auto pd_ll = [&](int l) { return reinterpret_cast<unsigned long long*>(p.pd) + (size_t)(l & 1) * 16 * H; };
   auto stamp = [&](int k) {
     if (p.timeline != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
       unsigned long long t;
@@ -413,13 +481,13 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
       p.timeline[k] = t;
     }
   };
+  // the end of a phase: a grid barrier, or with LL (real = false) only a stamp on the timeline
 #ifdef FLAG_BARRIER
-  const unsigned ep0 = *p.epoch;  // (block 0 adds this pass's barriers after the last one)
-  auto sync = [&]() { nbar++; arrive_flag(p.flags, ep0 + nbar); };
-  auto done = [&]() { wait_flags(p.flags, ep0 + nbar); stamp(nbar); };
+  auto sync = [&](bool real = true) { nbar++; if (real) nreal++, arrive_flag(p.flags, ep0 + nreal); };
+  auto done = [&](bool real = true) { if (real) wait_flags(p.flags, ep0 + nreal); stamp(nbar); };
 #else
-  auto sync = [&]() { arrive(p.bar); nbar++; };
-  auto done = [&]() { wait(p.bar, nbar * gridDim.x); stamp(nbar); };
+  auto sync = [&](bool real = true) { nbar++; if (real) nreal++, arrive(p.bar); };
+  auto done = [&](bool real = true) { if (real) wait(p.bar, nreal * gridDim.x); stamp(nbar); };
 #endif
   // with a timeline: block 0's SM clock at step k of layer l (timeline[64 + 16 l + k]); its clock at
   // the pass's start and end in timeline[62], [63] (the global timer's ns per clock from them)
@@ -520,10 +588,16 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
         asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(base + 128 * i));
     }
 #endif
+    if constexpr (ll) {  // every block keeps the residual stream (the MLP block reads its own copy)
+      if (l == 0) stage(xs, p.embed, p.tokens, nullptr, 0, nullptr, p.ln1, 1, p.eps, xres);
+      else stage_ll(xs, xres, pd_ll(l - 1), nslices, flag(l - 1), nullptr, p.ln1 + l * H, p.eps);
+    }
     if (attn) {
-      __nv_bfloat16* keep = blockIdx.x == 0 ? p.xa : nullptr;
-      if (l == 0) stage(xs, p.embed, p.tokens, nullptr, 0, keep, p.ln1, R, p.eps);
-      else stage(xs, p.xb, nullptr, p.pd, nslices, keep, p.ln1 + l * H, R, p.eps);
+      if constexpr (!ll) {
+        __nv_bfloat16* keep = blockIdx.x == 0 ? p.xa : nullptr;
+        if (l == 0) stage(xs, p.embed, p.tokens, nullptr, 0, keep, p.ln1, R, p.eps);
+        else stage(xs, p.xb, nullptr, p.pd, nslices, keep, p.ln1 + l * H, R, p.eps);
+      }
       tick(l, 1);
       if constexpr (RM == 1) {
         cp_wait_all();  // this warp's Q/K/V and o_proj rows and its first K/V chunk
@@ -654,7 +728,8 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
       __syncthreads();
       tick(l, 7);
       if constexpr (RM == 1) {
-        slice_s(wo_s, D, os, D / 8, p.po + (size_t)hh * H, rank * OUTS + warp * 9, lane);
+        if constexpr (ll) slice_s(wo_s, D, os, D / 8, po_ll(l) + (size_t)hh * H, rank * OUTS + warp * 9, lane, flag(l));
+        else slice_s(wo_s, D, os, D / 8, p.po + (size_t)hh * H, rank * OUTS + warp * 9, lane);
       } else {
         wo.run(os, D, D / 8, R, p.po + (size_t)hh * R * H, rank * OUTS + warp * 9, lane);
       }
@@ -666,13 +741,14 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
         cp_commit();
       }
     }
-    sync();
+    sync(!ll);
     if constexpr (RM != 1) load_mlp(l);
-    done();
+    done(!ll);
 
     // ---- the MLP block: a cluster per slice of the intermediate columns
     tick(l, 9);
-    stage(xs, p.xa, nullptr, p.po, NH, blockIdx.x == 0 ? p.xb : nullptr, p.ln2 + l * H, R, p.eps);
+    if constexpr (ll) stage_ll(xs, xres, po_ll(l), NH, flag(l), nullptr, p.ln2 + l * H, p.eps);
+    else stage(xs, p.xa, nullptr, p.po, NH, blockIdx.x == 0 ? p.xb : nullptr, p.ln2 + l * H, R, p.eps);
     tick(l, 10);
     if constexpr (RM == 1) {
       cp_wait_all();  // this warp's gate/up and down rows
@@ -709,23 +785,25 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
     tick(l, 13);
     if (icn > 0) {
       if constexpr (RM == 1) {
-        slice_s(wd_s, ICMAX, hs, icn / 8, p.pd + (size_t)cid * H, rank * OUTS + warp * 9, lane);
+        if constexpr (ll) slice_s(wd_s, ICMAX, hs, icn / 8, pd_ll(l) + (size_t)cid * H, rank * OUTS + warp * 9, lane, flag(l));
+        else slice_s(wd_s, ICMAX, hs, icn / 8, p.pd + (size_t)cid * H, rank * OUTS + warp * 9, lane);
       } else {
         wd.run(hs, ICMAX, icn / 8, R, p.pd + (size_t)cid * R * H, rank * OUTS + warp * 9, lane);
       }
     }
     tick(l, 14);
-    sync();
+    sync(!ll);
     if constexpr (RM != 1) {  // the next attention block's weights and first K/V chunk, before the wait
       load_attn(min(l + 1, p.L - 1));  // (after the last layer: loaded, not used)
       if (l + 1 < p.L) fetch_kv(l + 1, cw);
       cp_commit();
     }
-    done();
+    done(!ll);
   }
 
   // ---- the final RMSNorm, the head (4 vocabulary rows a warp at a time) and each row's argmax
-  stage(xs, p.xb, nullptr, p.pd, nslices, blockIdx.x == 0 ? p.x : nullptr, p.norm, R, p.eps);
+  if constexpr (ll) stage_ll(xs, xres, pd_ll(p.L - 1), nslices, flag(p.L - 1), blockIdx.x == 0 ? p.x : nullptr, p.norm, p.eps);
+  else stage(xs, p.xb, nullptr, p.pd, nslices, blockIdx.x == 0 ? p.x : nullptr, p.norm, R, p.eps);
   const int gw = blockIdx.x * WARPS + warp, nw = gridDim.x * WARPS;
   float bv = -INFINITY;
   int bi = 0x7fffffff;
@@ -753,9 +831,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
     const unsigned long long b = atomicAdd(p.best + threadIdx.x, 0ull);
     p.out[threadIdx.x] = (long long)(unsigned)(~(unsigned)(b & 0xffffffffu));
   }
-#ifdef FLAG_BARRIER
-  if (blockIdx.x == 0 && threadIdx.x == 0) *p.epoch = ep0 + nbar;  // every block has read ep0 by now
-#endif
+  if (blockIdx.x == 0 && threadIdx.x == 0) *p.epoch = ep0 + p.L + nreal;  // every block has read ep0 by now
   cl.sync();  // no block leaves while another may still write its shared memory
 }
 
