@@ -43,9 +43,7 @@ class Params(ctypes.Structure):
                                                "x", "q", "o", "h", "best", "out", "bar", "timeline", "part", "acnt")]  # fmt: skip
     _fields_ += [(n, ctypes.c_int) for n in ("R", "L", "S", "V")]
     _fields_ += [("eps", ctypes.c_float), ("qk_scale", ctypes.c_float)]
-    _fields_ += [
-        (n, ctypes.c_void_p) for n in ("po", "pd", "xa", "xb", "err", "flags", "epoch")
-    ]  # mega2's own
+    _fields_ += [(n, ctypes.c_void_p) for n in ("po", "pd", "xa", "xb", "err")]  # mega2's own
 
 
 # refspec_mega2.cu's steps of a layer in block 0 (`tick`): each names the work that ends at it
@@ -123,8 +121,6 @@ def main() -> None:
         "xa": torch.zeros(16, a.hidden, device=dev, dtype=torch.bfloat16),
         "xb": torch.zeros(16, a.hidden, device=dev, dtype=torch.bfloat16),
         "err": torch.zeros(1, device=dev, dtype=torch.int32),
-        "flags": torch.zeros(256, device=dev, dtype=torch.int32),
-        "epoch": torch.zeros(1, device=dev, dtype=torch.int32),
     }
     timeline = torch.zeros(64 + 16 * a.layers, device=dev, dtype=torch.int64)
     grid = torch.cuda.get_device_properties(dev).multi_processor_count

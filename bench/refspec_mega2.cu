@@ -22,6 +22,12 @@
 // A chain row's bits do not depend on the pass's row count (every reduction's order is fixed by the
 // row and position alone), and every run gives the same bits.
 //
+// Variants, each a -D macro: PK=N (partial sums a thread loads at once, 8 by default), FENCE (a
+// __threadfence before the barrier's arrival). Tried and dropped (git history, docs/BENCHMARKS.md):
+// K/V or weights loaded (into registers, or by cp.async into shared memory) before a barrier's wait
+// or a phase ahead, a flag a block as the grid barrier, partial sums carrying their layer in each
+// word in place of the barrier (LL), an L2 prefetch of the head.
+//
 // Built and timed by bench/refspec_mega.py (--kernel mega2); not part of refspec.
 
 #include <cooperative_groups.h>
@@ -39,15 +45,8 @@ constexpr int ICMAX = 128;              // intermediate columns a cluster at mos
 constexpr int GU_ROWS = 2 * ICMAX / CW; // gate/up rows a warp at most
 constexpr int MAX_ITEMS = 192;          // (row, chunk) attention items a pass at most (128 at one row)
 constexpr int PART = D + 2;             // a chunk's max, sum and P·V
-constexpr int KVLD = D + 8;             // a K/V row in shared memory, padded: a lane's 16-byte loads
-                                        // of its own row hit distinct banks
 #ifndef PK
-#define PK 16                           // partial sums a thread loads at once in `stage`
-#endif
-#ifdef LL
-constexpr bool LL_ON = true;  // one row: partial sums carry their layer in each word; no grid barrier a layer
-#else
-constexpr bool LL_ON = false;
+#define PK 8                            // partial sums a thread loads at once in `stage`
 #endif
 
 struct Params {  // refspec_mega.cu's Params, then this pass's own buffers
@@ -67,7 +66,6 @@ struct Params {  // refspec_mega.cu's Params, then this pass's own buffers
   float *po, *pd;          // [NH, R, H] o_proj partials; [clusters, R, H] down partials
   __nv_bfloat16 *xa, *xb;  // the residual after the MLP block (xb) and after the attention block's input (xa)
   int* err;                // 1: the pass did not run (start + R > S, or too many attention items)
-  unsigned *flags, *epoch;  // FLAG_BARRIER: a flag a block ([grid]); the barriers passed before this pass
 };
 
 namespace {
@@ -198,23 +196,6 @@ __device__ __forceinline__ float dots(const Row<K>& w, const float* xs, int R, i
 __device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
 // -- the grid barrier: a counter that only grows; barrier k waits for k · gridDim.x arrivals
-#ifdef FLAG_BARRIER
-// -- the grid barrier as a flag a block: block b stores the barrier's number (counted over every
-// pass: *epoch + k) to flags[b]; a waiter's thread t watches flags[t]. No atomic on one address.
-__device__ __forceinline__ void arrive_flag(unsigned* flags, unsigned value) {
-  __syncthreads();
-  if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flags + blockIdx.x), "r"(value) : "memory");
-}
-__device__ __forceinline__ void wait_flags(const unsigned* flags, unsigned value) {
-  for (int b = threadIdx.x; b < (int)gridDim.x; b += THREADS) {
-    unsigned v;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flags + b) : "memory");
-    } while ((int)(v - value) < 0);
-  }
-  __syncthreads();
-}
-#else
 __device__ __forceinline__ void arrive(unsigned* bar) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -233,7 +214,6 @@ __device__ __forceinline__ void wait(unsigned* bar, unsigned target) {
   }
   __syncthreads();
 }
-#endif
 
 // xs[r] = the residual stream's row r as floats: bf(base[r] + bf(Σ_k parts[k][r])) (the sum in k's
 // order; no parts: base[r]), written as bf16 to keep[r] too when keep is given; then, with ln,
@@ -241,7 +221,7 @@ __device__ __forceinline__ void wait(unsigned* bar, unsigned target) {
 __device__ void norm_rows(float* xs, const __nv_bfloat16* ln, int R, float eps);
 
 __device__ void stage(float* xs, const __nv_bfloat16* base, const int* tok, const float* parts, int nparts,
-                      __nv_bfloat16* keep, const __nv_bfloat16* ln, int R, float eps, float* raw = nullptr) {
+                      __nv_bfloat16* keep, const __nv_bfloat16* ln, int R, float eps) {
   for (int i = threadIdx.x; i < R * H / 4; i += THREADS) {
     const int r = i / (H / 4), n = 4 * (i % (H / 4));
     const __nv_bfloat16* src = tok != nullptr ? base + (size_t)tok[r] * H + n : base + (size_t)r * H + n;
@@ -261,7 +241,6 @@ __device__ void stage(float* xs, const __nv_bfloat16* base, const int* tok, cons
     float4 x = make_float4(b0.x, b0.y, b1.x, b1.y);
     if (nparts > 0) x = make_float4(bf(x.x + bf(s.x)), bf(x.y + bf(s.y)), bf(x.z + bf(s.z)), bf(x.w + bf(s.w)));
     *reinterpret_cast<float4*>(xs + (size_t)r * H + n) = x;
-    if (raw != nullptr) *reinterpret_cast<float4*>(raw + (size_t)r * H + n) = x;
     if (keep != nullptr) {
       __nv_bfloat162 k0 = __floats2bfloat162_rn(x.x, x.y), k1 = __floats2bfloat162_rn(x.z, x.w);
       uint2 o;
@@ -308,49 +287,6 @@ __device__ void norm_rows(float* xs, const __nv_bfloat16* ln, int R, float eps) 
   __syncthreads();
 }
 
-// -- the LL exchange (one row): a partial sum's word is (layer flag << 32 | fp32 bits), stored and
-// loaded as one 64-bit access, so a reader that sees its flag has the value: the data is the barrier.
-__device__ __forceinline__ void st_ll(unsigned long long* p, float v, unsigned flag) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(((unsigned long long)flag << 32) | __float_as_uint(v))
-               : "memory");
-}
-__device__ __forceinline__ unsigned long long ld_ll(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-// xs = raw = bf(raw + bf(Σ_k parts[k])) (k's order), each part's word waited for until it carries
-// `flag`; keep gets it as bf16; then the RMSNorm. Three elements a thread (192 threads).
-[[maybe_unused]] __device__ void stage_ll(float* xs, float* raw, const unsigned long long* parts, int nparts, unsigned flag,
-                         __nv_bfloat16* keep, const __nv_bfloat16* ln, float eps) {
-  for (int t = threadIdx.x; t < H / 3; t += THREADS) {
-    const int n = 3 * t;
-    unsigned long long w[16][3];
-#pragma unroll
-    for (int k = 0; k < 16; k++)
-#pragma unroll
-      for (int e = 0; e < 3; e++)
-        if (k < nparts) w[k][e] = ld_ll(parts + (size_t)k * H + n + e);
-    float sum[3] = {0.f, 0.f, 0.f};
-#pragma unroll
-    for (int k = 0; k < 16; k++)
-#pragma unroll
-      for (int e = 0; e < 3; e++)
-        if (k < nparts) {
-          while ((unsigned)(w[k][e] >> 32) != flag) w[k][e] = ld_ll(parts + (size_t)k * H + n + e);
-          sum[e] += __uint_as_float((unsigned)w[k][e]);
-        }
-#pragma unroll
-    for (int e = 0; e < 3; e++) {
-      const float x = bf(raw[n + e] + bf(sum[e]));
-      raw[n + e] = xs[n + e] = x;
-      if (keep != nullptr) keep[n + e] = __float2bfloat16(x);
-    }
-  }
-  __syncthreads();
-  norm_rows(xs, ln, 1, eps);
-}
-
 // row r's value y of a GEMV (lanes 2r and 2r + 1 hold it; every lane with one row) to offset
 // i + r · ld of every cluster block's copy of buf: the lanes holding a value share the stores
 template <int RM>
@@ -365,60 +301,14 @@ __device__ __forceinline__ void push(cg::cluster_group& cl, float* buf, size_t i
 
 __device__ __forceinline__ int chunks_of(int start, int r) { return (start + r + 32) / 32; }
 
-__device__ __forceinline__ void cp16(void* smem_dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(smem_dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// dot(a row of K bf16 weights in shared memory, xs): this lane's share, in Row<K>::dot's order
-template <int K>
-__device__ __forceinline__ float dot_s(const __nv_bfloat16* row, const float* xs, int lane) {
-  constexpr int N = K / 8, C = (N + 31) / 32;
-  float acc = 0.f;
-#pragma unroll
-  for (int c = 0; c < C; c++) {
-    const int i = lane + 32 * c;
-    if (i < N) acc = Row<8>::dot8(reinterpret_cast<const uint4*>(row)[i], xs + 8 * i, acc);
-  }
-  return acc;
-}
-// Slice::run with the warp's 9 rows in shared memory (row i at rows + i · ld_w)
-// (with `flag`, dst is LL words: see st_ll)
-__device__ __forceinline__ void slice_s(const __nv_bfloat16* rows, int ld_w, const float* xs, int n8, void* dst,
-                                        int out0, int lane, unsigned flag = 0) {
-  const int g = lane / 4, sub = lane % 4;
-#pragma unroll
-  for (int ps = 0; ps < 2; ps++) {
-    const int i = ps == 0 ? g : 8;
-    const bool live = ps == 0 || g == 0;
-    float acc = 0.f;
-#pragma unroll
-    for (int u = 0; u < ICMAX / 32; u++) {
-      const int c = sub + 4 * u;
-      if (live && c < n8) acc = Row<8>::dot8(reinterpret_cast<const uint4*>(rows + (size_t)i * ld_w)[c], xs + 8 * c, acc);
-    }
-    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    if (sub == 0 && live) {
-      if (flag != 0) st_ll(static_cast<unsigned long long*>(dst) + out0 + i, acc, flag);
-      else static_cast<float*>(dst)[out0 + i] = acc;
-    }
-  }
-}
-
-// Shared memory of the RM-row build (floats, then bf16 K/V rows, then at one row the weights):
-// RM = 1 keeps its next phase's weights here (cp.async a phase ahead); RM = 16 in registers.
+// Shared memory of the RM-row build (floats)
 template <int RM>
 struct Smem {
   static constexpr int ITEMS = RM == 1 ? 128 : MAX_ITEMS;
   static constexpr int XS = 0, QKV = XS + RM * H, GU = QKV + 3 * RM * D, HS = GU + RM * 2 * ICMAX,
-                       OS = HS + RM * ICMAX, PARTS = OS + RM * D, ROPE = PARTS + ITEMS * PART, RAW = ROPE + RM * D,
-                       FLOATS = RAW + (RM == 1 ? H : 0);  // RAW: the one-row build's residual stream (LL)
-  static constexpr int KV = WARPS * 2 * 32 * KVLD;                                  // bf16
-  static constexpr int WQ = 3 * H, WO = 9 * D, WG = GU_ROWS * H, WD = 9 * ICMAX;   // bf16 a warp
-  static constexpr int W = RM == 1 ? WARPS * (WQ + WO + WG + WD) : 0;
-  static constexpr size_t BYTES = sizeof(float) * FLOATS + sizeof(__nv_bfloat16) * (KV + W);
+                       OS = HS + RM * ICMAX, PARTS = OS + RM * D, ROPE = PARTS + ITEMS * PART, FLOATS = ROPE + RM * D;
+  static constexpr size_t BYTES = sizeof(float) * FLOATS;
 };
 
 __device__ __forceinline__ unsigned long long pack_best(float v, int idx) {
@@ -449,16 +339,6 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
   float* os = smem + SM::OS;               // [R, D]: attention's output
   float* part = smem + SM::PARTS;          // [ITEMS, PART] (pushed)
   float* rope = smem + SM::ROPE;           // [R, D / 2, 2]: cos and sin of each row's position
-  float* xres = smem + SM::RAW;            // [H] (one row, LL): this block's copy of the residual stream
-  constexpr bool ll = RM == 1 && LL_ON;
-  // [WARPS][K, V][32 slots][KVLD]: a warp's attention item's K and V rows of slots before `start`
-  __nv_bfloat16* kvs = reinterpret_cast<__nv_bfloat16*>(smem + SM::FLOATS) + (size_t)warp * 2 * 32 * KVLD;
-  // one row: this warp's weights of each phase ([3][H] Q/K/V, [9][D] o_proj, [GU_ROWS][H] gate/up, [9][ICMAX] down)
-  __nv_bfloat16* wsm = reinterpret_cast<__nv_bfloat16*>(smem + SM::FLOATS) + SM::KV;
-  __nv_bfloat16* wq_s = wsm + warp * SM::WQ;
-  __nv_bfloat16* wo_s = wsm + WARPS * SM::WQ + warp * SM::WO;
-  __nv_bfloat16* wg_s = wsm + WARPS * (SM::WQ + SM::WO) + warp * SM::WG;
-  __nv_bfloat16* wd_s = wsm + WARPS * (SM::WQ + SM::WO + SM::WG) + warp * SM::WD;
   int items = 0;
   for (int r = 0; r < R; r++) items += chunks_of(start, r);
   if (start + R > p.S || items > SM::ITEMS) {  // every block sees the same and leaves before any barrier
@@ -467,13 +347,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
   }
   const bool attn = cid < NH;  // this cluster's head in the attention block
   const int hh = cid, kvh = hh / GROUP;
-  unsigned nbar = 0, nreal = 0;  // phases passed; grid barriers passed (fewer with LL)
-  const unsigned ep0 = *p.epoch;  // flags of this pass count from here (block 0 moves it on at the end)
-  auto flag = [&](int l) { return ep0 + (unsigned)l + 1u; };
-  // LL words of layer l's partial sums, by the layer's parity: a block that reads layer l's late is
-  // still done before any block writes layer l + 2's (that needs every block's layer l + 1)
-  auto po_ll = [&](int l) { return reinterpret_cast<unsigned long long*>(p.po) + (size_t)(l & 1) * NH * H; };
-  auto pd_ll = [&](int l) { return reinterpret_cast<unsigned long long*>(p.pd) + (size_t)(l & 1) * 16 * H; };
+  unsigned nbar = 0;
   auto stamp = [&](int k) {
     if (p.timeline != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
       unsigned long long t;
@@ -481,14 +355,8 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
       p.timeline[k] = t;
     }
   };
-  // the end of a phase: a grid barrier, or with LL (real = false) only a stamp on the timeline
-#ifdef FLAG_BARRIER
-  auto sync = [&](bool real = true) { nbar++; if (real) nreal++, arrive_flag(p.flags, ep0 + nreal); };
-  auto done = [&](bool real = true) { if (real) wait_flags(p.flags, ep0 + nreal); stamp(nbar); };
-#else
-  auto sync = [&](bool real = true) { nbar++; if (real) nreal++, arrive(p.bar); };
-  auto done = [&](bool real = true) { if (real) wait(p.bar, nreal * gridDim.x); stamp(nbar); };
-#endif
+  auto sync = [&]() { arrive(p.bar); nbar++; };
+  auto done = [&]() { wait(p.bar, nbar * gridDim.x); stamp(nbar); };
   // with a timeline: block 0's SM clock at step k of layer l (timeline[64 + 16 l + k]); its clock at
   // the pass's start and end in timeline[62], [63] (the global timer's ns per clock from them)
   auto tick = [&](int l, int k) {
@@ -522,94 +390,21 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
     }
     wd.load(p.wd + (size_t)l * H * INTER + (size_t)(rank * OUTS + warp * 9) * INTER + j0, INTER, icn / 8, lane, icn > 0);
   };
-  // an attention item's K and V rows of the slots before `start` (earlier passes wrote them) into
-  // the warp's shared memory, a lane per slot (cp.async: no registers held while they come)
-  auto fetch_kv = [&](int l, int item) {
-    if (!attn || item >= items) return;
-    int it = item, r = 0;
-    while (it >= chunks_of(start, r)) it -= chunks_of(start, r), r++;
-    const int s = 32 * it + lane;
-    if (s >= start) return;
-    const __nv_bfloat16* kb = p.kc + (((size_t)l * NKV + kvh) * p.S + s) * D;
-    const __nv_bfloat16* vb = p.vc + (((size_t)l * NKV + kvh) * p.S + s) * D;
-    __nv_bfloat16* kd = kvs + (size_t)lane * KVLD;
-    __nv_bfloat16* vd = kvs + (size_t)(32 + lane) * KVLD;
-#pragma unroll
-    for (int k = 0; k < D / 8; k++) {
-      cp16(kd + 8 * k, kb + 8 * k);
-      cp16(vd + 8 * k, vb + 8 * k);
-    }
-  };
-  // one row: a phase's weights into the warp's shared memory, a phase ahead (the caller commits)
-  auto fetch_attn_w = [&](int l) {
-    if (!attn) return;
-    const __nv_bfloat16* w = p.wqkv + (size_t)l * (NH + 2 * NKV) * D * H;
-    for (int c = lane; c < 3 * (H / 8); c += 32) {
-      const int i = c / (H / 8), k = c % (H / 8);
-      const int row = (i == 0 ? hh * D : i == 1 ? NH * D + kvh * D : (NH + NKV) * D + kvh * D) + cw;
-      cp16(wq_s + i * H + 8 * k, w + (size_t)row * H + 8 * k);
-    }
-    const __nv_bfloat16* o = p.wo + (size_t)l * H * H + (size_t)(rank * OUTS + warp * 9) * H + hh * D;
-    for (int c = lane; c < 9 * (D / 8); c += 32) cp16(wo_s + (c / 8) * D + 8 * (c % 8), o + (size_t)(c / 8) * H + 8 * (c % 8));
-  };
-  auto fetch_mlp_w = [&](int l) {
-    const __nv_bfloat16* w = p.wgu + (size_t)l * 2 * INTER * H;
-    for (int c = lane; c < GU_ROWS * (H / 8); c += 32) {
-      const int i = c / (H / 8), k = cw + CW * i, j = k < IC ? k : k - IC, e = c % (H / 8);
-      if (k < 2 * IC && j < icn) cp16(wg_s + i * H + 8 * e, w + (size_t)((k < IC ? 0 : INTER) + j0 + j) * H + 8 * e);
-    }
-    const __nv_bfloat16* d = p.wd + (size_t)l * H * INTER + (size_t)(rank * OUTS + warp * 9) * INTER + j0;
-    for (int c = lane; c < 9 * (icn / 8); c += 32) {
-      const int i = c / (icn / 8), e = c % (icn / 8);
-      cp16(wd_s + i * ICMAX + 8 * e, d + (size_t)i * INTER + 8 * e);
-    }
-  };
-  if constexpr (RM == 1) {
-    fetch_attn_w(0);
-  } else {
-    load_attn(0);
-  }
-  fetch_kv(0, cw);
-  cp_commit();
+  load_attn(0);
 
   for (int l = 0; l < p.L; l++) {
     __nv_bfloat16* kc = p.kc + (size_t)l * NKV * p.S * D;
     __nv_bfloat16* vc = p.vc + (size_t)l * NKV * p.S * D;
     // ---- the attention block: a cluster per head
     tick(l, 0);
-#ifdef HEAD_L2
-    // the clusters without a head ask the L2 for the first half of the head's rows, over the last
-    // HEAD_L2 layers (the head phase then finds them there)
-    if (!attn && l >= p.L - HEAD_L2) {
-      const size_t lines = (size_t)(p.V / 2) * H * 2 / 128, per = (lines + HEAD_L2 - 1) / HEAD_L2;
-      const size_t a = per * (l - (p.L - HEAD_L2)), b = min(lines, a + per);
-      const char* base = reinterpret_cast<const char*>(p.head);
-      for (size_t i = a + (blockIdx.x - NH * CL) * THREADS + threadIdx.x; i < b; i += (gridDim.x - NH * CL) * THREADS)
-        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(base + 128 * i));
-    }
-#endif
-    if constexpr (ll) {  // every block keeps the residual stream (the MLP block reads its own copy)
-      if (l == 0) stage(xs, p.embed, p.tokens, nullptr, 0, nullptr, p.ln1, 1, p.eps, xres);
-      else stage_ll(xs, xres, pd_ll(l - 1), nslices, flag(l - 1), nullptr, p.ln1 + l * H, p.eps);
-    }
+
     if (attn) {
-      if constexpr (!ll) {
-        __nv_bfloat16* keep = blockIdx.x == 0 ? p.xa : nullptr;
-        if (l == 0) stage(xs, p.embed, p.tokens, nullptr, 0, keep, p.ln1, R, p.eps);
-        else stage(xs, p.xb, nullptr, p.pd, nslices, keep, p.ln1 + l * H, R, p.eps);
-      }
+      __nv_bfloat16* keep = blockIdx.x == 0 ? p.xa : nullptr;
+      if (l == 0) stage(xs, p.embed, p.tokens, nullptr, 0, keep, p.ln1, R, p.eps);
+      else stage(xs, p.xb, nullptr, p.pd, nslices, keep, p.ln1 + l * H, R, p.eps);
       tick(l, 1);
-      if constexpr (RM == 1) {
-        cp_wait_all();  // this warp's Q/K/V and o_proj rows and its first K/V chunk
-        __syncwarp();
 #pragma unroll
-        for (int i = 0; i < 3; i++) push<RM>(cl, qkv, (size_t)i * D + cw, D, bf(warp_sum(dot_s<H>(wq_s + i * H, xs, lane))), 1, lane);
-        fetch_mlp_w(l);  // the MLP block's weights while attention runs
-        cp_commit();
-      } else {
-#pragma unroll
-        for (int i = 0; i < 3; i++) push<RM>(cl, qkv, (size_t)i * RS * D + cw, D, bf(dots<RM>(wq[i], xs, R, lane)), R, lane);
-      }
+      for (int i = 0; i < 3; i++) push<RM>(cl, qkv, (size_t)i * RS * D + cw, D, bf(dots<RM>(wq[i], xs, R, lane)), R, lane);
       tick(l, 2);
       cl.sync();
       tick(l, 3);
@@ -631,15 +426,10 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
         }
       }
       // attention: a warp per (row, 32-slot chunk), a lane per slot; slots before `start` from the
-      // cache (fetch_kv), the pass's own from the pushed K and V
+      // cache (earlier passes wrote them), the pass's own from the pushed K and V
+      const __nv_bfloat16* kb = kc + (size_t)kvh * p.S * D;
+      const __nv_bfloat16* vb = vc + (size_t)kvh * p.S * D;
       for (int item = cw; item < items; item += CW) {
-        if (item != cw) {  // (the first came a phase ahead)
-          __syncwarp();
-          fetch_kv(l, item);
-          cp_commit();
-        }
-        if (RM != 1 || item != cw) cp_wait_all();
-        __syncwarp();
         int it = item, r = 0;
         while (it >= chunks_of(start, r)) it -= chunks_of(start, r), r++;
         const int c = it, len = start + r + 1, s = 32 * c + lane;
@@ -652,7 +442,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
           if (j >= n) {
             vv[j] = 0u;
           } else if (sj < start) {
-            vv[j] = *reinterpret_cast<const unsigned*>(kvs + (size_t)(32 + j) * KVLD + 2 * lane);
+            vv[j] = __ldcg(reinterpret_cast<const unsigned*>(vb + (size_t)sj * D + 2 * lane));
           } else {
             const float* vr = qkv + ((size_t)2 * RS + (sj - start)) * D + 2 * lane;
             __nv_bfloat162 b = __floats2bfloat162_rn(vr[0], vr[1]);
@@ -663,7 +453,9 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
         if (s < len) {
           float acc = 0.f;
           if (s < start) {
-            const uint4* kr = reinterpret_cast<const uint4*>(kvs + (size_t)lane * KVLD);
+            uint4 kr[D / 8];
+#pragma unroll
+            for (int k = 0; k < D / 8; k++) kr[k] = __ldcg(reinterpret_cast<const uint4*>(kb + (size_t)s * D + 8 * k));
 #pragma unroll
             for (int k = 0; k < D / 8; k++) acc = Row<8>::dot8(kr[k], qr + 8 * k, acc);
           } else {
@@ -727,49 +519,23 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
       }
       __syncthreads();
       tick(l, 7);
-      if constexpr (RM == 1) {
-        if constexpr (ll) slice_s(wo_s, D, os, D / 8, po_ll(l) + (size_t)hh * H, rank * OUTS + warp * 9, lane, flag(l));
-        else slice_s(wo_s, D, os, D / 8, p.po + (size_t)hh * H, rank * OUTS + warp * 9, lane);
-      } else {
-        wo.run(os, D, D / 8, R, p.po + (size_t)hh * R * H, rank * OUTS + warp * 9, lane);
-      }
+      wo.run(os, D, D / 8, R, p.po + (size_t)hh * R * H, rank * OUTS + warp * 9, lane);
       tick(l, 8);
     }
-    if constexpr (RM == 1) {
-      if (!attn) {  // (clusters with a head fetched theirs during attention)
-        fetch_mlp_w(l);
-        cp_commit();
-      }
-    }
-    sync(!ll);
-    if constexpr (RM != 1) load_mlp(l);
-    done(!ll);
+    sync();
+    load_mlp(l);
+    done();
 
     // ---- the MLP block: a cluster per slice of the intermediate columns
     tick(l, 9);
-    if constexpr (ll) stage_ll(xs, xres, po_ll(l), NH, flag(l), nullptr, p.ln2 + l * H, p.eps);
-    else stage(xs, p.xa, nullptr, p.po, NH, blockIdx.x == 0 ? p.xb : nullptr, p.ln2 + l * H, R, p.eps);
+    stage(xs, p.xa, nullptr, p.po, NH, blockIdx.x == 0 ? p.xb : nullptr, p.ln2 + l * H, R, p.eps);
     tick(l, 10);
-    if constexpr (RM == 1) {
-      cp_wait_all();  // this warp's gate/up and down rows
-      __syncwarp();
-    }
 #pragma unroll
     for (int i = 0; i < GU_ROWS; i++) {
       const int k = cw + CW * i, j = k < IC ? k : k - IC;
-      if (k < 2 * IC && j < icn) {
-        if constexpr (RM == 1) {
-          push<RM>(cl, gu, k, 2 * ICMAX, bf(warp_sum(dot_s<H>(wg_s + i * H, xs, lane))), 1, lane);
-        } else {
-          push<RM>(cl, gu, k, 2 * ICMAX, bf(dots<RM>(wg[i], xs, R, lane)), R, lane);
-        }
-      }
+      if (k < 2 * IC && j < icn) push<RM>(cl, gu, k, 2 * ICMAX, bf(dots<RM>(wg[i], xs, R, lane)), R, lane);
     }
     tick(l, 11);
-    if constexpr (RM == 1) {  // the next attention block's weights and first K/V chunk while the MLP runs
-      if (l + 1 < p.L) fetch_attn_w(l + 1), fetch_kv(l + 1, cw);
-      cp_commit();
-    }
     cl.sync();
     tick(l, 12);
     for (int i = threadIdx.x; i < R * IC; i += THREADS) {
@@ -783,27 +549,15 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
     }
     __syncthreads();
     tick(l, 13);
-    if (icn > 0) {
-      if constexpr (RM == 1) {
-        if constexpr (ll) slice_s(wd_s, ICMAX, hs, icn / 8, pd_ll(l) + (size_t)cid * H, rank * OUTS + warp * 9, lane, flag(l));
-        else slice_s(wd_s, ICMAX, hs, icn / 8, p.pd + (size_t)cid * H, rank * OUTS + warp * 9, lane);
-      } else {
-        wd.run(hs, ICMAX, icn / 8, R, p.pd + (size_t)cid * R * H, rank * OUTS + warp * 9, lane);
-      }
-    }
+    if (icn > 0) wd.run(hs, ICMAX, icn / 8, R, p.pd + (size_t)cid * R * H, rank * OUTS + warp * 9, lane);
     tick(l, 14);
-    sync(!ll);
-    if constexpr (RM != 1) {  // the next attention block's weights and first K/V chunk, before the wait
-      load_attn(min(l + 1, p.L - 1));  // (after the last layer: loaded, not used)
-      if (l + 1 < p.L) fetch_kv(l + 1, cw);
-      cp_commit();
-    }
-    done(!ll);
+    sync();
+    load_attn(min(l + 1, p.L - 1));  // the next attention block's weights, before the wait (after the last layer: unused)
+    done();
   }
 
   // ---- the final RMSNorm, the head (4 vocabulary rows a warp at a time) and each row's argmax
-  if constexpr (ll) stage_ll(xs, xres, pd_ll(p.L - 1), nslices, flag(p.L - 1), blockIdx.x == 0 ? p.x : nullptr, p.norm, p.eps);
-  else stage(xs, p.xb, nullptr, p.pd, nslices, blockIdx.x == 0 ? p.x : nullptr, p.norm, R, p.eps);
+  stage(xs, p.xb, nullptr, p.pd, nslices, blockIdx.x == 0 ? p.x : nullptr, p.norm, R, p.eps);
   const int gw = blockIdx.x * WARPS + warp, nw = gridDim.x * WARPS;
   float bv = -INFINITY;
   int bi = 0x7fffffff;
@@ -831,7 +585,6 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
     const unsigned long long b = atomicAdd(p.best + threadIdx.x, 0ull);
     p.out[threadIdx.x] = (long long)(unsigned)(~(unsigned)(b & 0xffffffffu));
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) *p.epoch = ep0 + p.L + nreal;  // every block has read ep0 by now
   cl.sync();  // no block leaves while another may still write its shared memory
 }
 
