@@ -173,19 +173,18 @@ def main() -> None:
             mega(lib, rows, trace=True)
             torch.cuda.synchronize()
             v["same_bits_twice"] = bool(torch.equal(xm, bufs["x"][:rows]))
-            t, k0, n = timeline.tolist(), int(embed_phase), len(phases)
-            steps = [(t[k] - t[k - 1]) / 1e3 for k in range(1, k0 + n * a.layers + 2)]
+            t, k0, nph = timeline.tolist(), int(embed_phase), len(phases)
+            steps = [(t[k] - t[k - 1]) / 1e3 for k in range(1, k0 + nph * a.layers + 2)]
             v["phase_us"] = (
                 ({"embed": steps[0]} if embed_phase else {})
                 | {"head": steps[-1]}
                 | {
-                    ph: statistics.mean(steps[k0 + n * i + j] for i in range(a.layers))
+                    ph: statistics.mean(steps[k0 + nph * i + j] for i in range(a.layers))
                     for j, ph in enumerate(phases)
                 }
             )
-            if (
-                args.kernel == "mega2"
-            ):  # block 0's steps within a layer (its SM clock, in the global timer's ns)
+            # mega2: block 0's steps within a layer (its SM clock, in the global timer's ns)
+            if args.kernel == "mega2":
                 ns_per_clock = (t[len(steps)] - t[0]) / max(1, t[63] - t[62])
                 ticks = [t[64 + 16 * i : 64 + 16 * i + 16] for i in range(a.layers)]
                 ticks = [row[:15] + [ticks[i + 1][0]] for i, row in enumerate(ticks[:-1])]
