@@ -1,0 +1,149 @@
+// A warp's GEMV for R rows of activations (R = 1..16), two ways, timed in SM clocks per warp:
+//   core: 3 weight rows a warp on CUDA cores, as refspec_mega2.cu's QKV (a lane holds 8 bf16 of a
+//         row per 16-byte chunk, fp32 FMAs, a fixed shuffle tree; 16 rows reduced at once);
+//   mma:  8 weight rows a warp on tensor cores (mma.m16n8k16 bf16 → fp32, the activations padded
+//         to 16 rows with zeros), its K steps in one chain or in CHAINS interleaved chains added
+//         at the end in a fixed order.
+// Weights are in registers before the clock starts (as the one-launch pass loads them before a
+// barrier's wait); activations in shared memory. Each output row's bits depend only on its own
+// activation row, so a row of an R-row call equals a one-row call to the bit (checked by
+// bench/mma_gemv.py, which also checks both against an fp64 product). Not part of refspec.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+constexpr int K = 576, WARPS = 8, THREADS = WARPS * 32, RMAX = 16, KS = K / 16, XLD = K + 8;
+
+namespace {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+template <int N>
+__device__ __forceinline__ void halve(float (&v)[16], int lane) {
+#pragma unroll
+  for (int i = 0; i < N; i++) {
+    const bool hi = lane & (2 * N);
+    const float keep = hi ? v[i + N] : v[i], send = hi ? v[i] : v[i + N];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * N);
+  }
+}
+__device__ __forceinline__ float reduce16(float (&v)[16], int lane) {
+  halve<8>(v, lane);
+  halve<4>(v, lane);
+  halve<2>(v, lane);
+  halve<1>(v, lane);
+  return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
+}
+__device__ __forceinline__ float dot8(const uint4& u, const float* xp, float acc) {
+  const float4 a = reinterpret_cast<const float4*>(xp)[0], b = reinterpret_cast<const float4*>(xp)[1];
+  const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&u);
+  float2 w0 = __bfloat1622float2(wp[0]), w1 = __bfloat1622float2(wp[1]);
+  float2 w2 = __bfloat1622float2(wp[2]), w3 = __bfloat1622float2(wp[3]);
+  acc = fmaf(a.x, w0.x, acc); acc = fmaf(a.y, w0.y, acc);
+  acc = fmaf(a.z, w1.x, acc); acc = fmaf(a.w, w1.y, acc);
+  acc = fmaf(b.x, w2.x, acc); acc = fmaf(b.y, w2.y, acc);
+  acc = fmaf(b.z, w3.x, acc); acc = fmaf(b.w, w3.y, acc);
+  return acc;
+}
+
+// x: [R, K] bf16 rows; w: [N, K] bf16; y: [R, N] fp32; cycles: [blocks · WARPS]
+__global__ void __launch_bounds__(THREADS, 1) core_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y,
+                                                           long long* cycles, int R, int N) {
+  __shared__ float xs[RMAX * K];
+  for (int i = threadIdx.x; i < R * K; i += THREADS) xs[i] = __bfloat162float(x[i]);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gw = blockIdx.x * WARPS + warp;
+  constexpr int C = (K / 8 + 31) / 32;
+  uint4 wr[3][C];
+#pragma unroll
+  for (int j = 0; j < 3; j++)
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+      const int i = lane + 32 * c;
+      wr[j][c] = i < K / 8 ? reinterpret_cast<const uint4*>(w + (size_t)(3 * gw + j) * K)[i] : make_uint4(0, 0, 0, 0);
+    }
+  __syncthreads();
+  const long long t0 = clock64();
+  float out[3];
+#pragma unroll
+  for (int j = 0; j < 3; j++) {
+    float v[RMAX];
+#pragma unroll
+    for (int r = 0; r < RMAX; r++) {
+      float acc = 0.f;
+#pragma unroll
+      for (int c = 0; c < C; c++) {
+        const int i = lane + 32 * c;
+        if (r < R && i < K / 8) acc = dot8(wr[j][c], xs + r * K + 8 * i, acc);
+      }
+      v[r] = acc;
+    }
+    out[j] = R == 1 ? warp_sum(v[0]) : reduce16(v, lane);
+  }
+  const long long t1 = clock64();
+#pragma unroll
+  for (int j = 0; j < 3; j++) {
+    const int r = R == 1 ? 0 : lane >> 1;
+    if ((lane & 1) == 0 && r < R) y[(size_t)r * N + 3 * gw + j] = out[j];
+  }
+  if (lane == 0) cycles[gw] = t1 - t0;
+}
+
+template <int CHAINS>
+__global__ void __launch_bounds__(THREADS, 1) mma_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y,
+                                                          long long* cycles, int R, int N) {
+  __shared__ __nv_bfloat16 xa[RMAX * XLD];  // 16 rows (zeros past R), padded: the A loads hit 32 banks
+  for (int i = threadIdx.x; i < RMAX * K; i += THREADS) {
+    const int r = i / K, k = i % K;
+    xa[r * XLD + k] = r < R ? x[(size_t)r * K + k] : __float2bfloat16(0.f);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gw = blockIdx.x * WARPS + warp;
+  const int g = lane >> 2, t = lane & 3, n0 = 8 * gw;
+  unsigned b[KS][2];  // B = W^T: (k = 2t, 2t + 1 | 2t + 8, 2t + 9) of row n0 + g, each K step
+#pragma unroll
+  for (int s = 0; s < KS; s++) {
+    const unsigned* row = reinterpret_cast<const unsigned*>(w + (size_t)(n0 + g) * K + 16 * s);
+    b[s][0] = row[t], b[s][1] = row[4 + t];
+  }
+  __syncthreads();
+  const long long t0 = clock64();
+  float d[CHAINS][4] = {};
+  const unsigned* xr0 = reinterpret_cast<const unsigned*>(xa + g * XLD);
+  const unsigned* xr8 = reinterpret_cast<const unsigned*>(xa + (g + 8) * XLD);
+#pragma unroll
+  for (int s = 0; s < KS; s++) {
+    const unsigned a0 = xr0[8 * s + t], a1 = xr8[8 * s + t], a2 = xr0[8 * s + 4 + t], a3 = xr8[8 * s + 4 + t];
+    float(&c)[4] = d[s % CHAINS];
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b[s][0]), "r"(b[s][1]));
+  }
+#pragma unroll
+  for (int k = 1; k < CHAINS; k++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) d[0][e] += d[k][e];
+  const float done = warp_sum(d[0][0] + d[0][1] + d[0][2] + d[0][3]);  // the clock after every result
+  const long long t1 = clock64();
+  // d[0]: (row g, cols 2t, 2t + 1), (row g + 8, cols 2t, 2t + 1) of this warp's 8 outputs
+  if (g < R) y[(size_t)g * N + n0 + 2 * t] = d[0][0], y[(size_t)g * N + n0 + 2 * t + 1] = d[0][1];
+  if (g + 8 < R) y[(size_t)(g + 8) * N + n0 + 2 * t] = d[0][2], y[(size_t)(g + 8) * N + n0 + 2 * t + 1] = d[0][3];
+  if (lane == 0) cycles[gw] = t1 - t0 + (done == 12345.f);  // (keeps `done`)
+}
+
+}  // namespace
+
+// which: 0 core (3 rows a warp), 1 mma one chain, 2 mma two chains, 4 mma four chains. N rows of w:
+// 3 · 8 · blocks (core) or 8 · 8 · blocks (mma). Returns a CUDA error code.
+extern "C" int gemv(int which, const void* x, const void* w, float* y, long long* cycles, int R, int N, int blocks) {
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* wb = static_cast<const __nv_bfloat16*>(w);
+  if (R < 1 || R > RMAX) return (int)cudaErrorInvalidValue;
+  if (which == 0) core_kernel<<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
+  else if (which == 1) mma_kernel<1><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
+  else if (which == 2) mma_kernel<2><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
+  else if (which == 4) mma_kernel<4><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
+  else return (int)cudaErrorInvalidValue;
+  return (int)cudaGetLastError();
+}
