@@ -4,8 +4,8 @@
 //   mma:  8 weight rows a warp on tensor cores (mma.m16n8k16 bf16 → fp32, the activations padded
 //         to 16 rows with zeros), its K steps in one chain or in CHAINS interleaved chains added
 //         at the end in a fixed order.
-// Weights are in registers before the clock starts (as the one-launch pass loads them before a
-// barrier's wait); activations in shared memory. Each output row's bits depend only on its own
+// Weights are in registers before the clock starts (loaded and consumed, as the one-launch pass
+// loads them before a barrier's wait); activations in shared memory. Each output row's bits depend only on its own
 // activation row, so a row of an R-row call equals a one-row call to the bit (checked by
 // bench/mma_gemv.py, which also checks both against an fp64 product). Not part of refspec.
 
@@ -37,6 +37,13 @@ __device__ __forceinline__ float reduce16(float (&v)[16], int lane) {
   halve<1>(v, lane);
   return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
 }
+// Consume every loaded word before the clock starts, so the timed part never waits on a load.
+__device__ __forceinline__ void settle(const unsigned* regs, int n, float* sink) {
+  unsigned acc = 0;
+  for (int i = 0; i < n; i++) acc ^= regs[i];
+  if (acc == 0x9e3779b9u) *sink = 0.f;
+  __syncwarp();
+}
 __device__ __forceinline__ float dot8(const uint4& u, const float* xp, float acc) {
   const float4 a = reinterpret_cast<const float4*>(xp)[0], b = reinterpret_cast<const float4*>(xp)[1];
   const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&u);
@@ -49,7 +56,9 @@ __device__ __forceinline__ float dot8(const uint4& u, const float* xp, float acc
   return acc;
 }
 
-// x: [R, K] bf16 rows; w: [N, K] bf16; y: [R, N] fp32; cycles: [blocks · WARPS]
+// x: [R, K] bf16 rows; w: [N, K] bf16; y: [R, N] fp32; cycles: [blocks · WARPS]. RM: the rows at
+// most (RM = 1: the one-row build, without the 16-row reduction compiled in)
+template <int RM>
 __global__ void __launch_bounds__(THREADS, 1) core_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y,
                                                            long long* cycles, int R, int N) {
   __shared__ float xs[RMAX * K];
@@ -65,13 +74,14 @@ __global__ void __launch_bounds__(THREADS, 1) core_kernel(const __nv_bfloat16* x
       wr[j][c] = i < K / 8 ? reinterpret_cast<const uint4*>(w + (size_t)(3 * gw + j) * K)[i] : make_uint4(0, 0, 0, 0);
     }
   __syncthreads();
+  settle(reinterpret_cast<const unsigned*>(wr), 3 * C * 4, y);
   const long long t0 = clock64();
   float out[3];
 #pragma unroll
   for (int j = 0; j < 3; j++) {
     float v[RMAX];
 #pragma unroll
-    for (int r = 0; r < RMAX; r++) {
+    for (int r = 0; r < RM; r++) {
       float acc = 0.f;
 #pragma unroll
       for (int c = 0; c < C; c++) {
@@ -80,7 +90,8 @@ __global__ void __launch_bounds__(THREADS, 1) core_kernel(const __nv_bfloat16* x
       }
       v[r] = acc;
     }
-    out[j] = R == 1 ? warp_sum(v[0]) : reduce16(v, lane);
+    if constexpr (RM == 1) out[j] = warp_sum(v[0]);
+    else out[j] = R == 1 ? warp_sum(v[0]) : reduce16(v, lane);
   }
   const long long t1 = clock64();
 #pragma unroll
@@ -108,6 +119,7 @@ __global__ void __launch_bounds__(THREADS, 1) mma_kernel(const __nv_bfloat16* x,
     b[s][0] = row[t], b[s][1] = row[4 + t];
   }
   __syncthreads();
+  settle(&b[0][0], 2 * KS, y);
   const long long t0 = clock64();
   float d[CHAINS][4] = {};
   const unsigned* xr0 = reinterpret_cast<const unsigned*>(xa + g * XLD);
@@ -134,13 +146,14 @@ __global__ void __launch_bounds__(THREADS, 1) mma_kernel(const __nv_bfloat16* x,
 
 }  // namespace
 
-// which: 0 core (3 rows a warp), 1 mma one chain, 2 mma two chains, 4 mma four chains. N rows of w:
+// which: 0 core (3 rows a warp), 3 core's one-row build, 1 mma one chain, 2 mma two chains, 4 mma four chains. N rows of w:
 // 3 · 8 · blocks (core) or 8 · 8 · blocks (mma). Returns a CUDA error code.
 extern "C" int gemv(int which, const void* x, const void* w, float* y, long long* cycles, int R, int N, int blocks) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
   if (R < 1 || R > RMAX) return (int)cudaErrorInvalidValue;
-  if (which == 0) core_kernel<<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
+  if (which == 0) core_kernel<RMAX><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
+  else if (which == 3 && R == 1) core_kernel<1><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
   else if (which == 1) mma_kernel<1><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
   else if (which == 2) mma_kernel<2><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
   else if (which == 4) mma_kernel<4><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);

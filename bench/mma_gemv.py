@@ -8,7 +8,7 @@ CUDA-core dots, so a 9-row verify pass costs ~4x a one-row pass. With tensor-cor
 bits should not depend on the row count (the chain-row = AR-step guarantee). For K = 576
 (SmolLM2's hidden size), weights in registers before the clock starts, activations in shared
 memory, 132 blocks of 8 warps: SM clocks a warp (median and 90th percentile over warps) for
-  core: 3 weight rows a warp (refspec_mega2.cu's QKV dots),
+  core: 3 weight rows a warp (refspec_mega2.cu's QKV dots; and its one-row build, at one row),
   mma:  8 weight rows a warp, its 36 K steps in 1, 2 or 4 interleaved accumulator chains;
 each checked against an fp64 product (largest error over the largest |y|), and a row of a 9- or
 16-row call against the one-row call of that row (to the bit).
@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent / "mma_gemv.cu"
-WAYS = {"core (3 rows a warp)": (0, 3), "mma, 1 chain (8 rows a warp)": (1, 8), "mma, 2 chains": (2, 8),
-        "mma, 4 chains": (4, 8)}  # fmt: skip
+WAYS = {"core (3 rows a warp)": (0, 3), "core, one-row build": (3, 3), "mma, 1 chain (8 rows a warp)": (1, 8),
+        "mma, 2 chains": (2, 8), "mma, 4 chains": (4, 8)}  # fmt: skip
 K, BLOCKS, WARPS = 576, 132, 8
 
 
@@ -71,6 +71,8 @@ def main() -> None:
         w = (torch.randn(n, K, generator=g) / K**0.5).to(torch.bfloat16).cuda()
         res: dict = {}
         for rows in [int(r) for r in args.rows.split(",")]:
+            if which == 3 and rows > 1:  # (one row only)
+                continue
             xr = x[:rows].contiguous()
             for _ in range(3):  # warm (clocks, instruction cache)
                 y, cyc = run(which, per_warp, xr, w)
