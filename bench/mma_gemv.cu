@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(THREADS, 1) core_kernel(const __nv_bfloat16* x
   if (lane == 0) cycles[gw] = t1 - t0;
 }
 
-template <int CHAINS>
+// CHAINS accumulator chains; LDM: the A fragment by one ldmatrix.x4, not four 32-bit loads
+template <int CHAINS, bool LDM = false>
 __global__ void __launch_bounds__(THREADS, 1) mma_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y,
                                                           long long* cycles, int R, int N) {
   __shared__ __nv_bfloat16 xa[RMAX * XLD];  // 16 rows (zeros past R), padded: the A loads hit 32 banks
@@ -124,9 +125,17 @@ __global__ void __launch_bounds__(THREADS, 1) mma_kernel(const __nv_bfloat16* x,
   float d[CHAINS][4] = {};
   const unsigned* xr0 = reinterpret_cast<const unsigned*>(xa + g * XLD);
   const unsigned* xr8 = reinterpret_cast<const unsigned*>(xa + (g + 8) * XLD);
+  // ldmatrix: lane L gives row L % 8 of 8x8 matrix L / 8 (rows 0-7 or 8-15, k 0-7 or 8-15)
+  const unsigned lm = (unsigned)__cvta_generic_to_shared(xa + ((lane >> 3) & 1) * 8 * XLD + (lane & 7) * XLD + (lane >> 4) * 8);
 #pragma unroll
   for (int s = 0; s < KS; s++) {
-    const unsigned a0 = xr0[8 * s + t], a1 = xr8[8 * s + t], a2 = xr0[8 * s + 4 + t], a3 = xr8[8 * s + 4 + t];
+    unsigned a0, a1, a2, a3;
+    if constexpr (LDM) {
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(lm + 32 * s));
+    } else {
+      a0 = xr0[8 * s + t], a1 = xr8[8 * s + t], a2 = xr0[8 * s + 4 + t], a3 = xr8[8 * s + 4 + t];
+    }
     float(&c)[4] = d[s % CHAINS];
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -144,9 +153,46 @@ __global__ void __launch_bounds__(THREADS, 1) mma_kernel(const __nv_bfloat16* x,
   if (lane == 0) cycles[gw] = t1 - t0 + (done == 12345.f);  // (keeps `done`)
 }
 
+// Swapped operands (y^T = W x^T): A = 16 weight rows (in registers), B = the activations' rows as
+// 8 columns (R <= 8, zeros past R, from shared memory). Half the padding of mma_kernel at R <= 8.
+__global__ void __launch_bounds__(THREADS, 1) mma_swap_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y,
+                                                               long long* cycles, int R, int N) {
+  __shared__ __nv_bfloat16 xa[8 * XLD];
+  for (int i = threadIdx.x; i < 8 * K; i += THREADS) {
+    const int r = i / K, k = i % K;
+    xa[r * XLD + k] = r < R ? x[(size_t)r * K + k] : __float2bfloat16(0.f);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gw = blockIdx.x * WARPS + warp;
+  const int g = lane >> 2, t = lane & 3, n0 = 16 * gw;
+  unsigned a[KS][4];  // A = W: rows n0 + g and n0 + g + 8, k = 2t, 2t + 1 | 2t + 8, 2t + 9 of each K step
+  const unsigned* w0 = reinterpret_cast<const unsigned*>(w + (size_t)(n0 + g) * K);
+  const unsigned* w8 = reinterpret_cast<const unsigned*>(w + (size_t)(n0 + g + 8) * K);
+#pragma unroll
+  for (int s = 0; s < KS; s++) a[s][0] = w0[8 * s + t], a[s][1] = w8[8 * s + t], a[s][2] = w0[8 * s + 4 + t], a[s][3] = w8[8 * s + 4 + t];
+  __syncthreads();
+  settle(&a[0][0], 4 * KS, y);
+  const long long t0 = clock64();
+  float c[4] = {};
+  const unsigned* xr = reinterpret_cast<const unsigned*>(xa + g * XLD);  // B: x row g, k = 2t.. | 2t + 8..
+#pragma unroll
+  for (int s = 0; s < KS; s++) {
+    const unsigned b0 = xr[8 * s + t], b1 = xr[8 * s + 4 + t];
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[s][0]), "r"(a[s][1]), "r"(a[s][2]), "r"(a[s][3]), "r"(b0), "r"(b1));
+  }
+  const float done = warp_sum(c[0] + c[1] + c[2] + c[3]);
+  const long long t1 = clock64();
+  // c: (weight row g, x rows 2t, 2t + 1), (weight row g + 8, x rows 2t, 2t + 1)
+  if (2 * t < R) y[(size_t)(2 * t) * N + n0 + g] = c[0], y[(size_t)(2 * t) * N + n0 + g + 8] = c[2];
+  if (2 * t + 1 < R) y[(size_t)(2 * t + 1) * N + n0 + g] = c[1], y[(size_t)(2 * t + 1) * N + n0 + g + 8] = c[3];
+  if (lane == 0) cycles[gw] = t1 - t0 + (done == 12345.f);
+}
+
 }  // namespace
 
-// which: 0 core (3 rows a warp), 3 core's one-row build, 1 mma one chain, 2 mma two chains, 4 mma four chains. N rows of w:
+// which: 0 core (3 rows a warp), 3 core's one-row build, 1 / 2 / 4 mma with 1 / 2 / 4 chains, 8 / 9
+// mma with ldmatrix and 1 / 2 chains, 10 swapped operands (16 rows a warp, R <= 8). N rows of w:
 // 3 · 8 · blocks (core) or 8 · 8 · blocks (mma). Returns a CUDA error code.
 extern "C" int gemv(int which, const void* x, const void* w, float* y, long long* cycles, int R, int N, int blocks) {
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
@@ -157,6 +203,9 @@ extern "C" int gemv(int which, const void* x, const void* w, float* y, long long
   else if (which == 1) mma_kernel<1><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
   else if (which == 2) mma_kernel<2><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
   else if (which == 4) mma_kernel<4><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
+  else if (which == 8) mma_kernel<1, true><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
+  else if (which == 9) mma_kernel<2, true><<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
+  else if (which == 10 && R <= 8) mma_swap_kernel<<<blocks, THREADS>>>(xb, wb, y, cycles, R, N);
   else return (int)cudaErrorInvalidValue;
   return (int)cudaGetLastError();
 }

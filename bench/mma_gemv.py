@@ -9,7 +9,9 @@ bits should not depend on the row count (the chain-row = AR-step guarantee). For
 (SmolLM2's hidden size), weights in registers before the clock starts, activations in shared
 memory, 132 blocks of 8 warps: SM clocks a warp (median and 90th percentile over warps) for
   core: 3 weight rows a warp (refspec_mega2.cu's QKV dots; and its one-row build, at one row),
-  mma:  8 weight rows a warp, its 36 K steps in 1, 2 or 4 interleaved accumulator chains;
+  mma:  8 weight rows a warp, its 36 K steps in 1, 2 or 4 interleaved accumulator chains, the
+        activations' fragments by 32-bit loads or ldmatrix; or swapped (the weights as A, 16 rows
+        a warp, the activations as B's 8 columns: up to 8 rows);
 each checked against an fp64 product (largest error over the largest |y|), and a row of a 9- or
 16-row call against the one-row call of that row (to the bit).
 """
@@ -27,7 +29,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent / "mma_gemv.cu"
 WAYS = {"core (3 rows a warp)": (0, 3), "core, one-row build": (3, 3), "mma, 1 chain (8 rows a warp)": (1, 8),
-        "mma, 2 chains": (2, 8), "mma, 4 chains": (4, 8)}  # fmt: skip
+        "mma, 2 chains": (2, 8), "mma, 4 chains": (4, 8), "mma, ldmatrix, 1 chain": (8, 8),
+        "mma, ldmatrix, 2 chains": (9, 8), "mma, swapped (W as A, 16 rows a warp; <= 8 rows)": (10, 16)}  # fmt: skip
 K, BLOCKS, WARPS = 576, 132, 8
 
 
@@ -71,7 +74,7 @@ def main() -> None:
         w = (torch.randn(n, K, generator=g) / K**0.5).to(torch.bfloat16).cuda()
         res: dict = {}
         for rows in [int(r) for r in args.rows.split(",")]:
-            if which == 3 and rows > 1:  # (one row only)
+            if (which == 3 and rows > 1) or (which == 10 and rows > 8):  # (one row only; 8 rows at most)
                 continue
             xr = x[:rows].contiguous()
             for _ in range(3):  # warm (clocks, instruction cache)
