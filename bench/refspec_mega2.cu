@@ -64,7 +64,7 @@ struct Params {  // refspec_mega.cu's Params, then this pass's own buffers
   int R, L, S, V;
   float eps, qk_scale;
   float *po, *pd;          // [NH, R, H] o_proj partials; [clusters, R, H] down partials
-  __nv_bfloat16 *xa, *xb;  // the residual after the MLP block (xb) and after the attention block's input (xa)
+  __nv_bfloat16 *xa, *xb;  // the residual stream entering a layer's attention block (xa), its MLP block (xb)
   int* err;                // 1: the pass did not run (start + R > S, or too many attention items)
 };
 
@@ -301,7 +301,6 @@ __device__ __forceinline__ void push(cg::cluster_group& cl, float* buf, size_t i
 
 __device__ __forceinline__ int chunks_of(int start, int r) { return (start + r + 32) / 32; }
 
-
 // Shared memory of the RM-row build (floats)
 template <int RM>
 struct Smem {
@@ -397,7 +396,6 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
     __nv_bfloat16* vc = p.vc + (size_t)l * NKV * p.S * D;
     // ---- the attention block: a cluster per head
     tick(l, 0);
-
     if (attn) {
       __nv_bfloat16* keep = blockIdx.x == 0 ? p.xa : nullptr;
       if (l == 0) stage(xs, p.embed, p.tokens, nullptr, 0, keep, p.ln1, R, p.eps);
