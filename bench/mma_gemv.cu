@@ -12,48 +12,18 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "mega_common.cuh"
+
 constexpr int K = 576, WARPS = 8, THREADS = WARPS * 32, RMAX = 16, KS = K / 16, XLD = K + 8;
 
 namespace {
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int m = 16; m; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-}
-template <int N>
-__device__ __forceinline__ void halve(float (&v)[16], int lane) {
-#pragma unroll
-  for (int i = 0; i < N; i++) {
-    const bool hi = lane & (2 * N);
-    const float keep = hi ? v[i + N] : v[i], send = hi ? v[i] : v[i + N];
-    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * N);
-  }
-}
-__device__ __forceinline__ float reduce16(float (&v)[16], int lane) {
-  halve<8>(v, lane);
-  halve<4>(v, lane);
-  halve<2>(v, lane);
-  halve<1>(v, lane);
-  return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
-}
 // Consume every loaded word before the clock starts, so the timed part never waits on a load.
 __device__ __forceinline__ void settle(const unsigned* regs, int n, float* sink) {
   unsigned acc = 0;
   for (int i = 0; i < n; i++) acc ^= regs[i];
   if (acc == 0x9e3779b9u) *sink = 0.f;
   __syncwarp();
-}
-__device__ __forceinline__ float dot8(const uint4& u, const float* xp, float acc) {
-  const float4 a = reinterpret_cast<const float4*>(xp)[0], b = reinterpret_cast<const float4*>(xp)[1];
-  const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&u);
-  float2 w0 = __bfloat1622float2(wp[0]), w1 = __bfloat1622float2(wp[1]);
-  float2 w2 = __bfloat1622float2(wp[2]), w3 = __bfloat1622float2(wp[3]);
-  acc = fmaf(a.x, w0.x, acc); acc = fmaf(a.y, w0.y, acc);
-  acc = fmaf(a.z, w1.x, acc); acc = fmaf(a.w, w1.y, acc);
-  acc = fmaf(b.x, w2.x, acc); acc = fmaf(b.y, w2.y, acc);
-  acc = fmaf(b.z, w3.x, acc); acc = fmaf(b.w, w3.y, acc);
-  return acc;
 }
 
 // x: [R, K] bf16 rows; w: [N, K] bf16; y: [R, N] fp32; cycles: [blocks · WARPS]. RM: the rows at

@@ -30,6 +30,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+#include "mega_common.cuh"
+
 constexpr int H = 576, INTER = 1536, NH = 9, NKV = 3, D = 64, GROUP = NH / NKV;
 constexpr int NQKV = (NH + 2 * NKV) * D;  // 960 rows: Q, then K, then V
 constexpr int PAIRS = NQKV / 2;           // a warp computes rows (j, j + 32) of a head: RoPE's pair
@@ -52,78 +54,6 @@ struct Params {
 };
 
 namespace {
-
-// -- a row of K bf16 weights in a warp's registers: lane holds 16-byte chunks lane, lane + 32, ...
-template <int K>
-struct Row {
-  static constexpr int N = K / 8, C = (N + 31) / 32;
-  uint4 w[C];
-  __device__ __forceinline__ void load(const __nv_bfloat16* p, int lane) {
-    const uint4* s = reinterpret_cast<const uint4*>(p);
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-      int i = lane + 32 * c;
-      if (i < N) {
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(w[c].x), "=r"(w[c].y), "=r"(w[c].z), "=r"(w[c].w) : "l"(s + i));
-      } else {
-        w[c] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-  // this lane's share of dot(row, xs) (xs: K floats in shared memory)
-  __device__ __forceinline__ float dot(const float* xs, int lane) const {
-    float acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-      int i = lane + 32 * c;
-      if (i < N) {
-        const float4* xp = reinterpret_cast<const float4*>(xs + 8 * i);
-        float4 a = xp[0], b = xp[1];
-        const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w[c]);
-        float2 w0 = __bfloat1622float2(wp[0]), w1 = __bfloat1622float2(wp[1]);
-        float2 w2 = __bfloat1622float2(wp[2]), w3 = __bfloat1622float2(wp[3]);
-        acc = fmaf(a.x, w0.x, acc); acc = fmaf(a.y, w0.y, acc);
-        acc = fmaf(a.z, w1.x, acc); acc = fmaf(a.w, w1.y, acc);
-        acc = fmaf(b.x, w2.x, acc); acc = fmaf(b.y, w2.y, acc);
-        acc = fmaf(b.z, w3.x, acc); acc = fmaf(b.w, w3.y, acc);
-      }
-    }
-    return acc;
-  }
-};
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int m = 16; m; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int m = 16; m; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return v;
-}
-// Sixteen rows' partial sums reduced at once: lanes 2r and 2r + 1 end with row r's sum. Each row's
-// sum takes the same additions in the same order as warp_sum's (xor 16, 8, 4, 2, 1), so a row's
-// bits do not depend on how many rows the pass has.
-template <int N>
-__device__ __forceinline__ void halve(float (&v)[16], int lane) {  // lanes apart by 2N trade halves
-#pragma unroll
-  for (int i = 0; i < N; i++) {
-    const bool hi = lane & (2 * N);
-    const float keep = hi ? v[i + N] : v[i], send = hi ? v[i] : v[i + N];
-    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * N);
-  }
-}
-__device__ __forceinline__ float reduce16(float (&v)[16], int lane) {
-  halve<8>(v, lane);
-  halve<4>(v, lane);
-  halve<2>(v, lane);
-  halve<1>(v, lane);
-  return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
-}
-
-__device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
 // Activations are written by other SMs during the pass: read them past L1 (ld.global.cg).
 __device__ __forceinline__ uint4 ld_cg(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
@@ -218,6 +148,7 @@ __device__ __forceinline__ float dots(const Row<K>& w, const float* xs, int R, i
   return reduce16(v, lane);
 }
 
+#if defined(CHUNK_ATTN) && !defined(LAST_COMBINE)
 // Attention's output rows into shared memory: each (row, head)'s chunks combined in chunk order,
 // rounded to bf16 as the o buffer would be. A thread takes DV dims and CB chunks' loads at a time.
 #ifdef WIDE_COMBINE
@@ -258,6 +189,7 @@ __device__ void stage_attn(float* xs, const float* part, int R, int start, int n
   }
   __syncthreads();
 }
+#endif
 
 __device__ __forceinline__ unsigned long long pack_best(float v, int idx) {
   unsigned u = __float_as_uint(v);
@@ -267,7 +199,11 @@ __device__ __forceinline__ unsigned long long pack_best(float v, int idx) {
 
 __global__ void __launch_bounds__(THREADS, 1) mega_pass_kernel(Params p) {
   extern __shared__ float xs[];  // [R, INTER] floats at most
-  __shared__ float att_m[WARPS], att_l[WARPS], att_acc[WARPS][D], qs[D], att_q[WARPS][D];
+#ifdef CHUNK_ATTN
+  __shared__ float att_q[WARPS][D];  // a warp's query row
+#else
+  __shared__ float att_m[WARPS], att_l[WARPS], att_acc[WARPS][D], qs[D];  // a block's head: its warps' parts
+#endif
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gw = blockIdx.x * WARPS + warp, nw = gridDim.x * WARPS;
   const int R = p.R, start = *p.start;

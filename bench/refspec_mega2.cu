@@ -35,6 +35,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+#include "mega_common.cuh"
+
 namespace cg = cooperative_groups;
 
 constexpr int H = 576, INTER = 1536, NH = 9, NKV = 3, D = 64, GROUP = NH / NKV;
@@ -69,47 +71,6 @@ struct Params {  // refspec_mega.cu's Params, then this pass's own buffers
 };
 
 namespace {
-
-template <int K>
-struct Row {  // a row of K bf16 weights in a warp's registers: lane holds 16-byte chunks lane, lane + 32, ...
-  static constexpr int N = K / 8, C = (N + 31) / 32;
-  uint4 w[C];
-  // every register written whether or not `live` (zeros if not), so the compiler sees each load
-  // end the previous phase's row: rows of different phases can share registers
-  __device__ __forceinline__ void load(const __nv_bfloat16* p, int lane, bool live = true) {
-    const uint4* s = reinterpret_cast<const uint4*>(p);
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-      int i = lane + 32 * c;
-      if (live && i < N) {
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(w[c].x), "=r"(w[c].y), "=r"(w[c].z), "=r"(w[c].w) : "l"(s + i));
-      } else {
-        w[c] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-  __device__ __forceinline__ float dot(const float* xs, int lane) const {
-    float acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-      int i = lane + 32 * c;
-      if (i < N) acc = dot8(w[c], xs + 8 * i, acc);
-    }
-    return acc;
-  }
-  __device__ static __forceinline__ float dot8(const uint4& u, const float* xp, float acc) {
-    const float4 a = reinterpret_cast<const float4*>(xp)[0], b = reinterpret_cast<const float4*>(xp)[1];
-    const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&u);
-    float2 w0 = __bfloat1622float2(wp[0]), w1 = __bfloat1622float2(wp[1]);
-    float2 w2 = __bfloat1622float2(wp[2]), w3 = __bfloat1622float2(wp[3]);
-    acc = fmaf(a.x, w0.x, acc); acc = fmaf(a.y, w0.y, acc);
-    acc = fmaf(a.z, w1.x, acc); acc = fmaf(a.w, w1.y, acc);
-    acc = fmaf(b.x, w2.x, acc); acc = fmaf(b.y, w2.y, acc);
-    acc = fmaf(b.z, w3.x, acc); acc = fmaf(b.w, w3.y, acc);
-    return acc;
-  }
-};
 
 // A warp's 9 output rows of a narrow GEMV (o_proj over a head's 64 columns, down over a slice of
 // the intermediate columns): 4 lanes a row, a lane up to U 16-byte chunks (chunk sub + 4u of n8).
@@ -146,7 +107,7 @@ struct Slice {
 #pragma unroll
         for (int u = 0; u < U; u++) {
           const int c = sub + 4 * u;
-          if (c < n8) acc = Row<8>::dot8(w[ps][u], xs + (size_t)r * ld + 8 * c, acc);
+          if (c < n8) acc = dot8(w[ps][u], xs + (size_t)r * ld + 8 * c, acc);
         }
         acc += __shfl_xor_sync(0xffffffffu, acc, 2);
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
@@ -156,33 +117,6 @@ struct Slice {
   }
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int m = 16; m; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int m = 16; m; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
-  return v;
-}
-template <int N>
-__device__ __forceinline__ void halve(float (&v)[16], int lane) {
-#pragma unroll
-  for (int i = 0; i < N; i++) {
-    const bool hi = lane & (2 * N);
-    const float keep = hi ? v[i + N] : v[i], send = hi ? v[i] : v[i + N];
-    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * N);
-  }
-}
-// sixteen rows' partial sums at once: lanes 2r and 2r + 1 end with row r's sum, in warp_sum's order
-__device__ __forceinline__ float reduce16(float (&v)[16], int lane) {
-  halve<8>(v, lane);
-  halve<4>(v, lane);
-  halve<2>(v, lane);
-  halve<1>(v, lane);
-  return v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
-}
 template <int RM, int K>  // RM: the kernel's rows at most (1: the one-row build)
 __device__ __forceinline__ float dots(const Row<K>& w, const float* xs, int R, int lane) {
   if constexpr (RM == 1) return warp_sum(w.dot(xs, lane));
@@ -193,7 +127,6 @@ __device__ __forceinline__ float dots(const Row<K>& w, const float* xs, int R, i
   return reduce16(v, lane);
 }
 
-__device__ __forceinline__ float bf(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
 // -- the grid barrier: a counter that only grows; barrier k waits for k · gridDim.x arrivals
 __device__ __forceinline__ void arrive(unsigned* bar) {
@@ -455,7 +388,7 @@ __global__ void __launch_bounds__(THREADS, 1) mega2_kernel(Params p) {
 #pragma unroll
             for (int k = 0; k < D / 8; k++) kr[k] = __ldcg(reinterpret_cast<const uint4*>(kb + (size_t)s * D + 8 * k));
 #pragma unroll
-            for (int k = 0; k < D / 8; k++) acc = Row<8>::dot8(kr[k], qr + 8 * k, acc);
+            for (int k = 0; k < D / 8; k++) acc = dot8(kr[k], qr + 8 * k, acc);
           } else {
             const float* kn = qkv + ((size_t)RS + (s - start)) * D;
 #pragma unroll
