@@ -60,13 +60,21 @@ def decoy_folder(real: Path, home: Home) -> Path:
     out = home.cache / "decoys" / real.name
     if (out / "DECOY").is_file() and (out / "DECOY").read_text() == DECOY_VERSION:
         return out
+    try:
+        config = json.loads((real / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        config = {}
+    draw = config.get("synthetic") if isinstance(config, dict) else None
+    if isinstance(draw, dict):  # weights drawn at load (refspec/synthetic.py): the decoy draws another seed
+        config["synthetic"] = draw | {"seed": draw.get("seed", 0) + 1}
+        text = json.dumps(config, indent=1)
+        return _write_decoy(real, out, lambda tmp: (tmp / "config.json").write_text(text))
     shards = sorted(real.glob("*.safetensors"))
     if not shards:
         raise SpecPilotError(f"{real}: no .safetensors weights, so no decoy of their shapes can be made for the "
                              "untimed prepare run; convert the model folder to safetensors")  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".decoy-"))
-    try:
+
+    def weights(tmp: Path) -> None:
         gen = torch.Generator().manual_seed(0)
         tensors = {}
         for f in shards:
@@ -77,12 +85,23 @@ def decoy_folder(real: Path, home: Home) -> Path:
                                                                   "F16": "float16"}.get(t.get_dtype(), "float32"))  # fmt: skip
                     tensors[name] = (torch.randn(shape, generator=gen) * 0.02).to(dtype)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"decoy": "random values"})
+
+    return _write_decoy(real, out, weights)
+
+
+def _write_decoy(real: Path, out: Path, weights) -> Path:
+    """The decoy folder: `weights(tmp)` writes its weights (or config), then the kept files of `real`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".decoy-"))
+    try:
+        weights(tmp)
         for f in real.iterdir():
             if (
                 f.name in DECOY_KEEPS
                 and f.is_file()
                 and not f.is_symlink()
                 and f.stat().st_size <= DECOY_MAX_FILE
+                and not (tmp / f.name).exists()
             ):
                 shutil.copy2(f, tmp / f.name)
         (tmp / "DECOY").write_text(DECOY_VERSION)

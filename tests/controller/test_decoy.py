@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,17 @@ def test_a_folder_without_safetensors_gets_no_decoy(tmp_path: Path):
     (real / "model.gguf").write_bytes(b"weights")
     with pytest.raises(SpecPilotError, match="no .safetensors weights"):
         decoy_folder(real, Home(tmp_path / "home"))
+
+
+def test_a_synthetic_folder_gets_another_seed_and_its_tokenizer(tmp_path: Path):
+    """Weights drawn at load (refspec/synthetic.py): the decoy is the same shapes under another seed."""
+    real = tmp_path / "models" / "wide"
+    real.mkdir(parents=True)
+    config = {"hidden_size": 64, "vocab_size": 300, "synthetic": {"seed": 4, "gain": 1.0, "row_spread": 2.0}}
+    (real / "config.json").write_text(json.dumps(config))
+    (real / "tokenizer.json").write_text("{}")
+    (real / "notes.txt").write_text("not kept")
+    decoy = decoy_folder(real, Home(tmp_path / "home"))
+    assert {p.name for p in decoy.iterdir()} == {"config.json", "tokenizer.json", "DECOY"}
+    got = json.loads((decoy / "config.json").read_text())
+    assert got == config | {"synthetic": config["synthetic"] | {"seed": 5}}

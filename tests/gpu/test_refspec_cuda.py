@@ -65,7 +65,10 @@ SMALL = ModelArgs(vocab=300, hidden=128, intermediate=256, layers=2, heads=4, kv
                   rms_eps=1e-5, rope_theta=10000.0, max_positions=2048, tied=True)  # fmt: skip
 SMOLLM2 = ModelArgs(vocab=49152, hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, head_dim=64,
                     rms_eps=1e-5, rope_theta=100000.0, max_positions=8192, tied=True)  # fmt: skip
-SHAPES = [SMALL] if INTERPRET else [SMALL, SMOLLM2]
+# The paper's 27B layer shapes (deployment wide-h200's target), two layers and a small vocabulary
+WIDE = ModelArgs(vocab=4096, hidden=5120, intermediate=17408, layers=2, heads=64, kv_heads=8, head_dim=128,
+                 rms_eps=1e-6, rope_theta=1000000.0, max_positions=8192, tied=True)  # fmt: skip
+SHAPES = [SMALL] if INTERPRET else [SMALL, SMOLLM2, WIDE]
 
 
 @pytest.fixture(scope="module", params=SHAPES, ids=lambda a: f"{a.layers}x{a.hidden}")
@@ -200,3 +203,13 @@ def test_engine_spec_equals_ar_on_the_cuda_path(pair):
     spec, stats = greedy(engine, prompt, 40, "spec")
     assert spec == ar
     assert stats.rows > stats.steps, "the drafter proposed and passes verified several rows"
+
+
+def test_a_synthetic_target_draws_the_same_bits_on_the_gpu_as_on_the_cpu():
+    from refspec.synthetic import draw_gain, draw_matrix
+
+    for rows, cols in ((17408, 5120), (300, 64)):
+        gpu = draw_matrix(rows, cols, 0, "model.layers.0.mlp.up_proj.weight", 1.0, 2.0, DEVICE)
+        cpu = draw_matrix(rows, cols, 0, "model.layers.0.mlp.up_proj.weight", 1.0, 2.0, torch.device("cpu"))
+        assert torch.equal(gpu.cpu().view(torch.int16), cpu.view(torch.int16))
+    assert torch.equal(draw_gain(5120, 0, "g", DEVICE).cpu(), draw_gain(5120, 0, "g", torch.device("cpu")))

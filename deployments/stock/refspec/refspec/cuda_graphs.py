@@ -39,6 +39,19 @@ LIN_O = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 3}
 LIN_DOWN = {"BN": 16, "BK": 128, "num_warps": 4, "num_stages": 3}
 GATE_UP = {"BN": 16, "BK": 64, "num_warps": 4, "num_stages": 3}
 HEAD = {"BN": 128, "BK": 64, "num_warps": 4, "num_stages": 2}
+# The persistent pass (one program of 4 warps per SM) is for latency-bound models; where a layer's
+# weights pass this many bytes the per-phase kernels' grids, several programs per SM, keep more
+# loads in flight and the pass is the per-phase kernels captured in the graph instead. Measured on
+# an H200 (bench/refspec_floor.py): SmolLM2-135M, 7 MB a layer, persistent 0.70 ms a pass against
+# per-phase 0.93; the paper's 27B layer shapes (wide27b-8l), 724 MB a layer, 5.63 against 3.37.
+PERSIST_MAX_LAYER_BYTES = 64 << 20
+# Such a model's per-phase tiles (the rest as above): wider rows a program, longer K tiles (a sweep
+# of wide27b-8l's pass on an H100, bench/refspec_wide.py: 3.37 ms against 3.75 with the tiles above);
+# a graph's split-KV grid has ATTN_GRAPH_SPLITS programs a head, each taking every
+# ATTN_GRAPH_SPLITS-th split of the pass's context (a grid sized for the whole cache ran empty programs).
+READ_BOUND = {"LIN_O": {"BN": 32, "BK": 128}, "GATE_UP": {"BN": 32, "BK": 128},
+              "LIN_DOWN": {"BN": 32, "BK": 128}, "HEAD": {"BK": 128}}  # fmt: skip
+ATTN_GRAPH_SPLITS = 8
 # The persistent pass: the same tiles, one launch of 4 warps per SM.
 PERSIST = {"QBH": QKV["BH"], "QBK": QKV["BK"], "ABN": ATTN["BN"], "OBN": LIN_O["BN"], "OBK": LIN_O["BK"],
            "GBN": GATE_UP["BN"], "GBK": GATE_UP["BK"], "DBN": LIN_DOWN["BN"], "DBK": LIN_DOWN["BK"],
@@ -61,12 +74,22 @@ class CudaModel:
             name = torch.cuda.get_device_name(device)
             raise RefspecError(f"the CUDA path needs compute capability 8.0 or newer (bf16 tensor cores); "
                                f"{name} has {torch.cuda.get_device_capability(device)}; run on a CPU slot")  # fmt: skip
-        if a.head_dim % 32 or a.hidden % 64 or a.intermediate % GATE_UP["BN"] or a.heads % a.kv_heads:
+        if a.head_dim % 32 or a.hidden % 64 or a.heads % a.kv_heads:
             raise RefspecError(
-                f"the CUDA kernels need head_dim % 32 == 0, hidden % 64 == 0, intermediate % {GATE_UP['BN']} == 0 "
-                f"and heads % kv_heads == 0; this model has {a.head_dim}, {a.hidden}, {a.intermediate}, "
-                f"{a.heads}/{a.kv_heads}; run it on a CPU slot"
+                f"the CUDA kernels need head_dim % 32 == 0, hidden % 64 == 0 and heads % kv_heads == 0; "
+                f"this model has {a.head_dim}, {a.hidden}, {a.heads}/{a.kv_heads}; run it on a CPU slot"
             )
+
+        q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+        layer_bytes = 2 * a.hidden * (q + 2 * kv + q + 3 * a.intermediate)
+        self.persistent = layer_bytes <= PERSIST_MAX_LAYER_BYTES  # else the graphs hold the per-phase kernels
+        # The per-phase kernels' tiles: the persistent pass's, or READ_BOUND's where it does not run
+        self.cfg = {n: d | ({} if self.persistent else READ_BOUND.get(n, {}))
+                    for n, d in (("QKV", QKV), ("ATTN", ATTN), ("LIN_O", LIN_O), ("LIN_DOWN", LIN_DOWN),
+                                 ("GATE_UP", GATE_UP), ("HEAD", HEAD))}  # fmt: skip
+        if a.intermediate % self.cfg["GATE_UP"]["BN"] or a.hidden % self.cfg["LIN_O"]["BN"]:
+            raise RefspecError(f"the CUDA kernels' tiles {self.cfg} do not divide hidden {a.hidden} and "
+                               f"intermediate {a.intermediate}; run this model on a CPU slot")  # fmt: skip
 
         def w(name: str) -> torch.Tensor:
             if name not in state:
@@ -114,7 +137,7 @@ class CudaModel:
         self.q = torch.zeros(rmax, hq, device=device, dtype=torch.bfloat16)
         self.o = torch.zeros(rmax, hq, device=device, dtype=torch.bfloat16)
         self.h = torch.zeros(rmax, a.intermediate, device=device, dtype=torch.bfloat16)
-        self.tiles = triton.cdiv(a.vocab, HEAD["BN"])
+        self.tiles = triton.cdiv(a.vocab, self.cfg["HEAD"]["BN"])
         self.vals = torch.zeros(rmax, self.tiles, device=device, dtype=torch.float32)
         self.idxs = torch.zeros(rmax, self.tiles, device=device, dtype=torch.int32)
         self.out = torch.zeros(rmax, device=device, dtype=torch.int64)
@@ -165,8 +188,12 @@ class CudaModel:
 
     # -- the pass ----------------------------------------------------------------------------------
 
-    def _layers(self, rows: int) -> None:
-        a, grid_m = self.args, triton.cdiv(rows, BM)
+    def _layers(self, rows: int, splits: int | None = None) -> None:
+        """The per-phase kernels of every layer; split-KV attention with `splits` programs a head (None:
+        one a split of the pass's context; a graph passes ATTN_GRAPH_SPLITS, each taking every n-th)."""
+        a, grid_m, c = self.args, triton.cdiv(rows, BM), self.cfg
+        QKV, ATTN, LIN_O, LIN_DOWN, GATE_UP = c["QKV"], c["ATTN"], c["LIN_O"], c["LIN_DOWN"], c["GATE_UP"]
+        splits = splits or triton.cdiv(self.start_host + rows, ATTN["SPL"] or 1)
         torch.index_select(self.embed, 0, self.tokens[:rows], out=self.x[:rows])
         group = a.heads // a.kv_heads
         for i, (ln1, wqkv, wo, ln2, wgu, wd) in enumerate(self.layers):
@@ -174,7 +201,7 @@ class CudaModel:
                 self.x, ln1, wqkv, self.cos, self.sin, self.posn, self.start, self.q, self.kc[i], self.vc[i],
                 rows, a.rms_eps, self.slots, HQ=a.heads, HK=a.kv_heads, D=a.head_dim, K=a.hidden, BM=BM, **QKV)  # fmt: skip
             if ATTN["SPL"]:
-                K.attention_split[(a.heads, triton.cdiv(self.start_host + rows, ATTN["SPL"]), grid_m)](
+                K.attention_split[(a.heads, splits, grid_m)](
                     self.q, self.kc[i], self.vc[i], self.mask, self.start, self.o, self.pm, self.pl, self.pacc,
                     self.acnt, rows, self.rmax, self.slots, self.maxs, self.rmax, self.qk_scale, HQ=a.heads,
                     GROUP=group, D=a.head_dim, BM=BM, **ATTN)  # fmt: skip
@@ -195,9 +222,11 @@ class CudaModel:
 
     def _pass(self, rows: int, hidden: bool) -> None:
         """The whole verification pass: layers, then each row's argmax in `out` (or, for a head
-        mechanism, the final-norm hidden states in `hid`). Persistent unless `eager`."""
+        mechanism, the final-norm hidden states in `hid`). Persistent unless `eager` or a read-bound
+        model (`persistent` False: the per-phase kernels, split-KV over ATTN_GRAPH_SPLITS programs a head)."""
         a = self.args
-        if not self.eager:
+        persistent = self.persistent and not self.eager
+        if persistent:
             self.bar.zero_()
             try:
                 cuda_persist.launch(self, rows, not hidden, PERSIST)
@@ -205,18 +234,18 @@ class CudaModel:
                 raise RefspecError(f"the persistent pass does not fit one program per SM ({e}); "
                                    "lower PERSIST's num_stages in refspec/cuda_graphs.py") from None  # fmt: skip
         else:
-            self._layers(rows)
+            self._layers(rows, None if self.eager else ATTN_GRAPH_SPLITS)
         if hidden:  # HF's RMSNorm, op for op
             x = self.x[:rows].float()
             self.hid[:rows] = (
                 self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + a.rms_eps)).bfloat16()
             )
             return
-        if not self.eager:  # the persistent pass ended with the head and the argmax
+        if persistent:  # the persistent pass ended with the head and the argmax
             return
         K.norm_head[(self.tiles, triton.cdiv(rows, BM))](
             self.x, self.norm, self.head, self.vals, self.idxs, rows, a.rms_eps, a.vocab, self.tiles,
-            K=a.hidden, BM=BM, **HEAD)  # fmt: skip
+            K=a.hidden, BM=BM, **self.cfg["HEAD"])  # fmt: skip
         K.argmax_reduce[(rows,)](
             self.vals, self.idxs, self.out, self.tiles, BT=triton.next_power_of_2(self.tiles)
         )

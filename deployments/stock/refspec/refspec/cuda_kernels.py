@@ -174,10 +174,13 @@ def _attn_span(h, rows, rmask, q_ptr, kc_ptr, vc_ptr, mask_ptr, start, lo, hi, M
 def attention_split(q_ptr, kc_ptr, vc_ptr, mask_ptr, start_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr, cnt_ptr, R,
                     MASK_STRIDE, S_MAX, MAXS, RMAX, qk_scale, HQ: tl.constexpr, GROUP: tl.constexpr,
                     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPL: tl.constexpr):  # fmt: skip
-    """Grid (HQ, splits, row blocks): split-KV attention, see attention_split_tile."""
-    attention_split_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, kc_ptr, vc_ptr, mask_ptr,
-                         start_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr, cnt_ptr, R, MASK_STRIDE, S_MAX, MAXS, RMAX,
-                         qk_scale, HQ, GROUP, D, BM, BN, SPL)  # fmt: skip
+    """Grid (HQ, G, row blocks): split-KV attention, see attention_split_tile; program g takes splits
+    g, g + G, ... of the pass's context (a graph's G need not follow the context)."""
+    nsplit = tl.cdiv(tl.load(start_ptr) + R, SPL)
+    for split in range(tl.program_id(1), nsplit, tl.num_programs(1)):
+        attention_split_tile(tl.program_id(0), split, tl.program_id(2), q_ptr, kc_ptr, vc_ptr, mask_ptr,
+                             start_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr, cnt_ptr, R, MASK_STRIDE, S_MAX, MAXS, RMAX,
+                             qk_scale, HQ, GROUP, D, BM, BN, SPL)  # fmt: skip
 
 
 @triton.jit

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import RefspecError
+from .synthetic import MARK, synthetic_state
 from .weights import load_config, load_state_dict
 
 # Profile regions (refspec.<class>) are labelled only while profile.py turns this on: a
@@ -368,14 +369,20 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return table[name]
 
 
-def load_weights(folder: Path) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
-    """The model arguments and tensors of an HF Llama-family folder (config.json + *.safetensors)."""
+def load_weights(
+    folder: Path, device: torch.device | None = None
+) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
+    """The model arguments and tensors of an HF Llama-family folder (config.json + *.safetensors);
+    a synthetic folder's tensors are drawn on `device` (default the CPU), the same bits on any."""
+    config = load_config(folder)
     try:
-        args = ModelArgs.from_hf(load_config(folder))
+        args = ModelArgs.from_hf(config)
     except KeyError as e:
         raise RefspecError(f"{folder / 'config.json'} lacks {e}; give a complete HF Llama folder") from None
     except RefspecError as e:
         raise RefspecError(f"{folder / 'config.json'}: {e}") from None
+    if MARK in config:
+        return args, synthetic_state(config, device or torch.device("cpu"))
     return args, load_state_dict(folder)
 
 
@@ -383,4 +390,4 @@ def load_model(
     folder: Path, device: torch.device, dtype: torch.dtype, cpu_layout: str = "dual"
 ) -> Transformer:
     """The eager Transformer of an HF Llama-family folder."""
-    return Transformer(*load_weights(folder), device, dtype, cpu_layout)
+    return Transformer(*load_weights(folder, device), device, dtype, cpu_layout)

@@ -70,7 +70,7 @@ def open_engine(slot: str, model: str, cache: Path | None, config: Config, eager
         return Engine(
             HybridModel(args, random_state(args, cfg.get("seed", 0)), device, dtype), config, mechanisms
         )
-    args, state = load_weights(folder)
+    args, state = load_weights(folder, device)
     if device.type == "cuda" and dtype == torch.bfloat16 and not eager:
         from .cuda_graphs import CudaModel
 

