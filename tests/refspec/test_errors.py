@@ -27,7 +27,9 @@ def serve_error(*args: str, env: dict | None = None) -> str:
 
 
 def test_unknown_model_path(tmp_path):
-    with pytest.raises(RefspecError, match="unknown model .*give 'smollm2-135m-instruct', one of wide27b-8l or a folder"):
+    with pytest.raises(
+        RefspecError, match="unknown model .*give 'smollm2-135m-instruct', one of wide27b-8l or a folder"
+    ):
         resolve_model(str(tmp_path / "nope"))
     assert "unknown model" in serve_error("--model", str(tmp_path / "nope"))
 
