@@ -113,11 +113,23 @@ def contexts(dep: Deployment, home: Home, result: AuditResult, outputs: dict[str
     from specpilot.deployments.workloads import target_folder
 
     tok = Tokenizer.from_file(str(target_folder(dep, home) / "tokenizer.json"))
+    known = tok.get_vocab_size()
+
+    def text(ids: list[int]) -> str:  # an id past the tokenizer (a synthetic target's wider vocabulary) as ⟨id⟩
+        runs, run = [], []
+        for i in ids:
+            if i < known:
+                run.append(i)
+                continue
+            runs += [tok.decode(run), f"⟨{i}⟩"]
+            run = []
+        return "".join([*runs, tok.decode(run)])
+
     events = []
     for e in result.events[:50]:
-        before = tok.decode(outputs[e.id][max(0, e.position - 12) : e.position])
+        before = text(outputs[e.id][max(0, e.position - 12) : e.position])
         d = asdict(e)
-        d["context"] = f"{before}[{tok.decode([e.token])}|{tok.decode([e.argmax])}]".replace("\n", "⏎")
+        d["context"] = f"{before}[{text([e.token])}|{text([e.argmax])}]".replace("\n", "⏎")
         events.append(d)
     return events
 

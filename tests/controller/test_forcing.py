@@ -66,3 +66,24 @@ def test_large_events_use_a_one_sided_fisher_test_and_are_explained_against_stoc
     assert expected_p < 0.05 and any("Fisher" in r for r in res.reasons)
     assert len(res.events) == 11 and len(res.unexplained) == 10
     assert [e.position for e in res.events if e.explained] == [5]
+
+
+def test_an_events_context_names_ids_past_the_tokenizer(tmp_path):
+    """wide-h200's target has 248,320 ids over SmolLM2's 49,152-token tokenizer: such an id in an
+    event's context reads ⟨id⟩, not an empty string."""
+    from tokenizers import Tokenizer
+
+    from specpilot.controller.audit import contexts
+    from specpilot.controller.forcing import AuditResult, Event
+    from specpilot.deployments import Home, load_deployment
+    from specpilot.deployments.workloads import target_folder
+
+    dep, home = load_deployment("wide-h200"), Home(tmp_path)  # the cache is the suite's (SPECPILOT_CACHE)
+    tok = Tokenizer.from_file(str(target_folder(dep, home) / "tokenizer.json"))
+    hello = tok.encode("Hello world", add_special_tokens=False).ids
+    out = {"r1": [*hello, 200000, *hello, 7]}
+    ev = Event(id="r1", position=len(hello) * 2 + 1, token=7, argmax=123456, margin=1.0, explained=False)
+    res = AuditResult(positions=10, mismatches=1, rate=0.1, stock_positions=10, stock_mismatches=0, stock_rate=0.0,
+                      delta=0.125, events=[ev], stock_events=0, p_large=0.5, reasons=[])  # fmt: skip
+    [d] = contexts(dep, home, res, out)
+    assert d["context"] == f"Hello world⟨200000⟩Hello world[{tok.decode([7])}|⟨123456⟩]"

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from specpilot.deployments.stock import import_refspec
+from specpilot.deployments.stock import import_refspec, stock_tree_path
 
 import_refspec()
 from refspec.config import Config  # noqa: E402
@@ -28,6 +30,7 @@ from refspec.synthetic import draw_gain, draw_matrix, synthetic_state  # noqa: E
 from refspec.weights import SYNTHETIC, resolve_model  # noqa: E402
 
 CPU = torch.device("cpu")
+TREE = stock_tree_path("refspec")
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
         "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "vocab_size": 300, "tie_word_embeddings": True, "rms_norm_eps": 1e-6,
@@ -109,3 +112,23 @@ def test_a_decoys_folder_under_the_built_in_name_is_served_as_it_is(tmp_path):
         assert json.loads((folder / "config.json").read_text())["synthetic"]["seed"] == 1
     finally:
         os.chmod(folder, 0o755)
+
+
+def test_processes_making_the_folder_at_once_all_get_it(tmp_path):
+    """Test workers share one cache: four processes resolving the name at once each get a whole
+    folder, and a stale one (other shapes) is replaced."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "smollm2-135m-instruct").symlink_to(resolve_model("smollm2-135m-instruct"))
+    stale = tmp_path / "models" / "wide27b-8l"
+    stale.mkdir()
+    (stale / "config.json").write_text(json.dumps({"hidden_size": 1, "synthetic": {"seed": 0}}))
+    code = (
+        "import sys; from pathlib import Path; from refspec.weights import resolve_model; "
+        "f = resolve_model('wide27b-8l', Path(sys.argv[1])); "
+        "assert (f / 'tokenizer.json').stat().st_size > 0 and (f / 'config.json').read_text()"
+    )
+    env = {**os.environ, "PYTHONPATH": str(TREE)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env) for _ in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    assert json.loads((stale / "config.json").read_text())["hidden_size"] == 5120
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["smollm2-135m-instruct", "wide27b-8l"]

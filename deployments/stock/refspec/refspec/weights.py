@@ -8,6 +8,7 @@ load reads that folder, which HF Transformers can read too — the reference che
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -91,18 +92,28 @@ def synthetic_folder(name: str, cache: Path) -> Path:
     """A built-in synthetic target's folder, written when missing or when its shapes changed (not
     when only its draw differs: the prepare run's decoy is the same shapes under another seed)."""
     folder = cache / "models" / name
-    try:
-        current = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        current = {}
-    shapes = {k: v for k, v in SYNTHETIC[name].items() if k != "synthetic"}
-    if "synthetic" not in current or any(current.get(k) != v for k, v in shapes.items()):
+    if not _synthetic_current(name, folder):
         write_synthetic(name, folder, resolve_model(SMOLLM2, cache))
     return folder
 
 
+def _synthetic_current(name: str, folder: Path) -> bool:
+    try:
+        current = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    shapes = {k: v for k, v in SYNTHETIC[name].items() if k != "synthetic"}
+    return (
+        isinstance(current, dict)
+        and "synthetic" in current
+        and all(current.get(k) == v for k, v in shapes.items())
+    )
+
+
 def write_synthetic(name: str, out: Path, tokenizer_from: Path) -> None:
-    """A synthetic target's folder: its config.json and the tokenizer files of `tokenizer_from`."""
+    """A synthetic target's folder: its config.json and the tokenizer files of `tokenizer_from`.
+    Several processes may make it at once (test workers sharing a cache): the first rename wins and
+    a folder that another process completed meanwhile is kept."""
     src = json.loads((tokenizer_from / "config.json").read_text())
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
               "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
@@ -114,8 +125,18 @@ def write_synthetic(name: str, out: Path, tokenizer_from: Path) -> None:
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy2(tokenizer_from / f, tmp / f)
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
+        if _synthetic_current(name, out):
+            return
+        if out.exists():  # stale shapes: set the old folder aside first (unless another process did)
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=".synthetic-old-"))
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(out, old / "x")
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.rename(tmp, out)  # fails if another process's folder is there by now: keep theirs
+        except OSError:
+            if not _synthetic_current(name, out):
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
