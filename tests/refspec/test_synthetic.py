@@ -84,6 +84,10 @@ def test_a_bad_synthetic_section_is_one_clear_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY | {"synthetic": {"seed": "zero"}}))
     with pytest.raises(RefspecError, match="needs an integer 'seed'"):
         load_weights(tmp_path)
+    for bad in ({"gain": "1"}, {"gain": 0}, {"row_spread": -1.0}, {"gain": float("nan")}):
+        (tmp_path / "config.json").write_text(json.dumps(TINY | {"synthetic": {"seed": 0} | bad}))
+        with pytest.raises(RefspecError, match="gain .* must be a number > 0 and row_spread"):
+            load_weights(tmp_path)
 
 
 def test_the_built_in_wide_target_has_the_papers_27b_layer_shapes():

@@ -94,7 +94,16 @@ def synthetic_state(
             f"config.json's {MARK!r} section needs an integer 'seed'; rebuild the synthetic folder"
         )
     seed = spec["seed"]
-    gain, spread = float(spec.get("gain", 1.0)), float(spec.get("row_spread", 2.0))
+    gain, spread = spec.get("gain", 1.0), spec.get("row_spread", 2.0)
+    if (
+        not all(type(x) in (int, float) and math.isfinite(x) for x in (gain, spread))
+        or gain <= 0
+        or spread < 0
+    ):
+        raise RefspecError(
+            f"config.json's {MARK!r} section: gain {gain!r} must be a number > 0 and row_spread "
+            f"{spread!r} a number >= 0; fix them or rebuild the synthetic folder"
+        )
     h, inter, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     heads = config["num_attention_heads"]
     kv, d = config.get("num_key_value_heads", heads), config.get("head_dim") or h // heads
