@@ -115,7 +115,8 @@ def contexts(dep: Deployment, home: Home, result: AuditResult, outputs: dict[str
     tok = Tokenizer.from_file(str(target_folder(dep, home) / "tokenizer.json"))
     known = tok.get_vocab_size()
 
-    def text(ids: list[int]) -> str:  # an id past the tokenizer (a synthetic target's wider vocabulary) as ⟨id⟩
+    def text(ids: list[int]) -> str:
+        """The ids' text; an id past the tokenizer (a synthetic target's wider vocabulary) as ⟨id⟩."""
         runs, run = [], []
         for i in ids:
             if i < known:
