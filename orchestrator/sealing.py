@@ -47,15 +47,27 @@ def system_entries(db, dep: Deployment, tree: str) -> list[str]:
     return list(hits[-1].entries) if hits else []
 
 
+# A layer's bf16 bytes above which refspec's CUDA path runs its per-phase kernels, not the persistent
+# pass (refspec/cuda_graphs.py's PERSIST_MAX_LAYER_BYTES): where a weight-format mechanism can act.
+READ_BOUND_LAYER_BYTES = 64 << 20
+
+
 def fits_target(options: dict[str, Any], dep: Deployment) -> bool:
     """Whether an entry acts on this deployment: `target = "hybrid"` needs a target with GDN layers,
     `target = "gpu"` GPU slots (a mechanism that can gain only through a GPU kernel), `target =
-    "batch"` a batch deployment (a mechanism of batch serving)."""
+    "read-bound"` GPU slots and layers of more than READ_BOUND_LAYER_BYTES in bf16 (a mechanism of
+    the per-phase kernels' weight reads), `target = "batch"` a batch deployment (a mechanism of
+    batch serving)."""
     target = options.get("target")
     if target == "hybrid":
         return dep.target.arch.gdn_layers > 0
     if target == "gpu":
         return dep.devices.kind != "cpu"
+    if target == "read-bound":
+        a = dep.target.arch
+        q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+        layer_bytes = 2 * a.hidden * (2 * q + 2 * kv + 3 * a.intermediate)
+        return dep.devices.kind != "cpu" and layer_bytes > READ_BOUND_LAYER_BYTES
     if target == "batch":
         return dep.serving.shape == "batch"
     return True

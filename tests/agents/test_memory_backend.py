@@ -10,6 +10,7 @@ import pytest
 from specpilot.agents.memory_backend import MemoryMaster, MemorySubAgent
 from specpilot.agents.protocol import AgentError, Direction, KnobChange, PlanningContext
 from specpilot.deployments import Home, load_deployment
+from specpilot.deployments.stock import stock_tree_path
 from specpilot.memory_store import builtin_bundles, open_memory
 from specpilot.memory_store.workspace import Workspace
 from specpilot.orchestrator import sealing
@@ -102,6 +103,18 @@ def test_a_gpu_only_entry_is_offered_only_on_gpu_slots(world):
     assert dep.devices.kind == "cpu" and not summary["refspec-tlv"]["applicable"]
     gpu = load_deployment("smollm-h200")
     assert sealing.fits_target({"target": "gpu"}, gpu) and not sealing.fits_target({"target": "gpu"}, dep)
+
+
+def test_a_read_bound_entry_is_offered_only_where_the_per_phase_kernels_run(world):
+    _, dep, _, memory = world
+    summary = {e["name"]: e for e in sealing.memory_summary(memory, dep)}
+    assert not summary["refspec-w12"]["applicable"]
+    wide, smollm = load_deployment("wide-h200"), load_deployment("smollm-h200")
+    assert sealing.fits_target({"target": "read-bound"}, wide)  # 724 MB a layer
+    assert not sealing.fits_target({"target": "read-bound"}, smollm)  # 7 MB a layer: the persistent pass
+    assert not sealing.fits_target({"target": "read-bound"}, dep)
+    cuda_graphs = (stock_tree_path("refspec") / "refspec" / "cuda_graphs.py").read_text()
+    assert f"PERSIST_MAX_LAYER_BYTES = {sealing.READ_BOUND_LAYER_BYTES >> 20} << 20" in cuda_graphs
 
 
 def test_a_batch_only_entry_is_offered_only_on_a_batch_deployment(world):

@@ -190,35 +190,61 @@ class CudaModel:
 
     def _layers(self, rows: int, splits: int | None = None) -> None:
         """The per-phase kernels of every layer; split-KV attention with `splits` programs a head (None:
-        one a split of the pass's context; a graph passes ATTN_GRAPH_SPLITS, each taking every n-th)."""
-        a, grid_m, c = self.args, triton.cdiv(rows, BM), self.cfg
-        QKV, ATTN, LIN_O, LIN_DOWN, GATE_UP = c["QKV"], c["ATTN"], c["LIN_O"], c["LIN_DOWN"], c["GATE_UP"]
-        splits = splits or triton.cdiv(self.start_host + rows, ATTN["SPL"] or 1)
+        one a split of the pass's context; a graph passes ATTN_GRAPH_SPLITS, each taking every n-th).
+        Each weight's kernel is launched by a method of its own (`_qkv`, `_linear`, `_gate_up`,
+        `_head`), the seam where a mechanism that stores weights otherwise plugs in."""
+        c = self.cfg
+        splits = splits or triton.cdiv(self.start_host + rows, c["ATTN"]["SPL"] or 1)
         torch.index_select(self.embed, 0, self.tokens[:rows], out=self.x[:rows])
-        group = a.heads // a.kv_heads
         for i, (ln1, wqkv, wo, ln2, wgu, wd) in enumerate(self.layers):
-            K.norm_qkv_rope[(a.heads + 2 * a.kv_heads, a.head_dim // 2 // QKV["BH"], grid_m)](
-                self.x, ln1, wqkv, self.cos, self.sin, self.posn, self.start, self.q, self.kc[i], self.vc[i],
-                rows, a.rms_eps, self.slots, HQ=a.heads, HK=a.kv_heads, D=a.head_dim, K=a.hidden, BM=BM, **QKV)  # fmt: skip
-            if ATTN["SPL"]:
-                K.attention_split[(a.heads, splits, grid_m)](
-                    self.q, self.kc[i], self.vc[i], self.mask, self.start, self.o, self.pm, self.pl, self.pacc,
-                    self.acnt, rows, self.rmax, self.slots, self.maxs, self.rmax, self.qk_scale, HQ=a.heads,
-                    GROUP=group, D=a.head_dim, BM=BM, **ATTN)  # fmt: skip
-            else:
-                K.attention[(a.heads, grid_m)](
-                    self.q, self.kc[i], self.vc[i], self.mask, self.start, self.o, rows, self.rmax, self.slots,
-                    self.qk_scale, HQ=a.heads, GROUP=group, D=a.head_dim, BM=BM, BN=ATTN["BN"],
-                    num_warps=ATTN["num_warps"], num_stages=ATTN["num_stages"])  # fmt: skip
-            K.linear_residual[(a.hidden // LIN_O["BN"], grid_m)](
-                self.o, wo, self.x, rows, N=a.hidden, K=a.heads * a.head_dim, BM=BM, **LIN_O
-            )
-            K.norm_gate_up[(a.intermediate // GATE_UP["BN"], grid_m)](
-                self.x, ln2, wgu, self.h, rows, a.rms_eps, INTER=a.intermediate, K=a.hidden, BM=BM, **GATE_UP
-            )
-            K.linear_residual[(a.hidden // LIN_DOWN["BN"], grid_m)](
-                self.h, wd, self.x, rows, N=a.hidden, K=a.intermediate, BM=BM, **LIN_DOWN
-            )
+            self._qkv(i, rows, ln1, wqkv)
+            self._attention(i, rows, splits)
+            self._linear(rows, self.o, wo, c["LIN_O"])
+            self._gate_up(rows, ln2, wgu)
+            self._linear(rows, self.h, wd, c["LIN_DOWN"])
+
+    def _qkv(self, i: int, rows: int, ln1: torch.Tensor, w: torch.Tensor) -> None:
+        a, QKV = self.args, self.cfg["QKV"]
+        K.norm_qkv_rope[(a.heads + 2 * a.kv_heads, a.head_dim // 2 // QKV["BH"], triton.cdiv(rows, BM))](
+            self.x, ln1, w, self.cos, self.sin, self.posn, self.start, self.q, self.kc[i], self.vc[i], rows,
+            a.rms_eps, self.slots, HQ=a.heads, HK=a.kv_heads, D=a.head_dim, K=a.hidden, BM=BM, **QKV)  # fmt: skip
+
+    def _attention(self, i: int, rows: int, splits: int) -> None:
+        a, ATTN, grid_m = self.args, self.cfg["ATTN"], triton.cdiv(rows, BM)
+        group = a.heads // a.kv_heads
+        if ATTN["SPL"]:
+            K.attention_split[(a.heads, splits, grid_m)](
+                self.q, self.kc[i], self.vc[i], self.mask, self.start, self.o, self.pm, self.pl, self.pacc,
+                self.acnt, rows, self.rmax, self.slots, self.maxs, self.rmax, self.qk_scale, HQ=a.heads,
+                GROUP=group, D=a.head_dim, BM=BM, **ATTN)  # fmt: skip
+        else:
+            K.attention[(a.heads, grid_m)](
+                self.q, self.kc[i], self.vc[i], self.mask, self.start, self.o, rows, self.rmax, self.slots,
+                self.qk_scale, HQ=a.heads, GROUP=group, D=a.head_dim, BM=BM, BN=ATTN["BN"],
+                num_warps=ATTN["num_warps"], num_stages=ATTN["num_stages"])  # fmt: skip
+
+    def _linear(self, rows: int, inp: torch.Tensor, w: torch.Tensor, cfg: dict) -> None:
+        """x += inp · wᵀ (o_proj: inp = o; down_proj: inp = h)."""
+        n, k = self.args.hidden, inp.shape[1]
+        K.linear_residual[(n // cfg["BN"], triton.cdiv(rows, BM))](
+            inp, w, self.x, rows, N=n, K=k, BM=BM, **cfg
+        )
+
+    def _gate_up(self, rows: int, ln2: torch.Tensor, w: torch.Tensor) -> None:
+        a, GATE_UP = self.args, self.cfg["GATE_UP"]
+        K.norm_gate_up[(a.intermediate // GATE_UP["BN"], triton.cdiv(rows, BM))](
+            self.x, ln2, w, self.h, rows, a.rms_eps, INTER=a.intermediate, K=a.hidden, BM=BM, **GATE_UP
+        )
+
+    def _head(self, rows: int) -> None:
+        """Each row's argmax into `out`: the head's tiles, then the reduction over them."""
+        a = self.args
+        K.norm_head[(self.tiles, triton.cdiv(rows, BM))](
+            self.x, self.norm, self.head, self.vals, self.idxs, rows, a.rms_eps, a.vocab, self.tiles,
+            K=a.hidden, BM=BM, **self.cfg["HEAD"])  # fmt: skip
+        K.argmax_reduce[(rows,)](
+            self.vals, self.idxs, self.out, self.tiles, BT=triton.next_power_of_2(self.tiles)
+        )
 
     def _pass(self, rows: int, hidden: bool) -> None:
         """The whole verification pass: layers, then each row's argmax in `out` (or, for a head
@@ -241,14 +267,8 @@ class CudaModel:
                 self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + a.rms_eps)).bfloat16()
             )
             return
-        if persistent:  # the persistent pass ended with the head and the argmax
-            return
-        K.norm_head[(self.tiles, triton.cdiv(rows, BM))](
-            self.x, self.norm, self.head, self.vals, self.idxs, rows, a.rms_eps, a.vocab, self.tiles,
-            K=a.hidden, BM=BM, **self.cfg["HEAD"])  # fmt: skip
-        K.argmax_reduce[(rows,)](
-            self.vals, self.idxs, self.out, self.tiles, BT=triton.next_power_of_2(self.tiles)
-        )
+        if not persistent:  # (the persistent pass ended with the head and the argmax)
+            self._head(rows)
 
     def capture(self, rows: int, hidden: bool = False) -> None:
         """Capture the pass of a bucket as a CUDA graph (run once eagerly first: Triton compiles there)."""

@@ -1,0 +1,175 @@
+"""The refspec-w12 entry on refspec's CUDA path: W12 tiles are the bf16 tiles, and a pass that reads
+W12 records has stock's bits (hidden states, K/V, argmax), so decoding is stock's token for token.
+
+The target is wide-h200's synthetic model cut to two layers and a 4096-token vocabulary (drawn on
+the GPU): its layers are read-bound, so stock runs the per-phase kernels the entry replaces.
+Skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpilot.kernels.w12.tiles import tile_weight
+
+from ..kernels.w12_data import trained_like, with_specials
+from ..refspec.tree_entry import checkout_entry, engine_for, import_tree
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+CUDA = torch.device("cuda")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+@pytest.mark.parametrize(("bn", "bk"), [(16, 64), (32, 128), (128, 128), (128, 64)])
+@pytest.mark.parametrize(("n", "k"), [(384, 512), (300, 200)])
+def test_triton_tiles_are_the_bf16_tiles(n, k, bn, bk):
+    """Zeros of both signs, denormals, inf, NaN payloads, far outliers, ragged edges."""
+    import triton
+    import triton.language as tl
+
+    from specpilot.kernels.w12.tile_kernels import w12_base, w12_tile
+
+    @triton.jit
+    def rebuild(rec, exps, eptr, esc, out, N, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr):  # fmt: skip
+        n0, k0 = tl.program_id(0) * BN, tl.program_id(1) * BK
+        w = w12_tile(rec, eptr, esc, w12_base(exps, n0, N, BN), n0, k0, K, BN, BK)
+        rows, cols = n0 + tl.arange(0, BN), k0 + tl.arange(0, BK)
+        tl.store(out + rows[:, None] * KP + cols[None, :], w)
+
+    w = with_specials(trained_like(n, k, seed=n + k), seed=1)
+    w[0, :4] = torch.tensor([0.0, -0.0, 1e-39, -3e-20])
+    w = w.to(CUDA)
+    tw = tile_weight(w)
+    assert tw is not None and tw.esc.numel() > 0
+    np_, kp = triton.cdiv(n, bn) * bn, triton.cdiv(k, bk) * bk
+    out = torch.full((np_, kp), 7.0, dtype=torch.bfloat16, device=CUDA)
+    rebuild[(np_ // bn, kp // bk)](tw.records, tw.exps, tw.eptr, tw.esc, out, n, K=k, KP=kp, BN=bn, BK=bk)
+    assert torch.equal(_bits(out[:n, :k]), _bits(w))
+    assert not bool(out[n:].float().any()) and not bool(out[:, k:].float().any()), "padding is zero"
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory):
+    return import_tree(
+        checkout_entry(tmp_path_factory.mktemp("w12") / "tree", "refspec-w12"), "refspec_w12_gpu"
+    )
+
+
+def _models(pkg, tweak=None):
+    """(stock CudaModel, CudaModel for the W12 engine) on the same synthetic weights."""
+    from refspec_w12_gpu.cuda_graphs import CudaModel
+    from refspec_w12_gpu.synthetic import synthetic_state
+    from refspec_w12_gpu.weights import SYNTHETIC
+
+    cfg = dict(SYNTHETIC["wide27b-8l"], num_hidden_layers=2, vocab_size=4096, model_type="llama")
+    args = pkg.model.ModelArgs.from_hf(cfg)
+    out = []
+    for _ in range(2):
+        state = synthetic_state(cfg, CUDA)
+        if tweak:
+            tweak(state)
+        out.append(CudaModel(args, state, CUDA, 1024))
+        del state
+    assert not out[0].persistent, "the layers are read-bound: stock runs the per-phase kernels"
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(pkg):
+    stock, model = _models(pkg)
+    w12 = engine_for(pkg, model)
+    return engine_for(pkg, stock, w12={"enabled": False}), w12
+
+
+def test_every_matrix_reads_records(models):
+    from refspec_w12_gpu.w12tiles.tiles import TileWeight
+
+    stock, w12 = models
+    assert type(w12.model).__name__ == "W12CudaModel" and type(stock.model).__name__ == "CudaModel"
+    for layer in w12.model.layers:
+        assert all(isinstance(layer[j], TileWeight) for j in (1, 2, 4, 5))
+    assert isinstance(w12.model.head_w12, TileWeight)
+    w = (
+        sum(layer[j].nbytes() for layer in w12.model.layers for j in (1, 2, 4, 5))
+        + w12.model.head_w12.nbytes()
+    )
+    b = (
+        sum(layer[j].numel() * 2 for layer in stock.model.layers for j in (1, 2, 4, 5))
+        + stock.model.head.numel() * 2
+    )
+    assert 0.75 < w / b < 0.77, w / b
+
+
+def _pass(model, tokens, start, mask=None):
+    out = model.verify(tokens, list(range(start, start + len(tokens))), start, mask)
+    return out, model.x[: len(tokens)].clone(), model.kc[:, :, : start + len(tokens)].clone()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 16, 33])
+def test_a_pass_has_stock_bits(models, rows):
+    """Prefill (eager kernels), then a captured pass: hidden states, K/V and argmax, bit for bit."""
+    stock, w12 = models
+    g = torch.Generator().manual_seed(rows)
+    prompt = torch.randint(0, 4096, (90,), generator=g).tolist()
+    tokens = torch.randint(0, 4096, (rows,), generator=g).tolist()
+    got = []
+    for eng in (stock, w12):
+        eng.model.prefill(prompt, 0)
+        got.append(_pass(eng.model, tokens, len(prompt)))
+    assert got[0][0] == got[1][0]
+    assert torch.equal(_bits(got[0][1]), _bits(got[1][1]))
+    assert torch.equal(_bits(got[0][2]), _bits(got[1][2]))
+
+
+def test_decoding_is_stock_token_for_token(pkg, models):
+    stock, w12 = models
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        prompt = (torch.randint(0, 4096, (12,), generator=g).tolist()) * 3
+        for mode in ("ar", "spec"):
+            want, _ = pkg.generate.greedy(stock, prompt, 24, mode)
+            got, _ = pkg.generate.greedy(w12, prompt, 24, mode)
+            assert got == want, mode
+
+
+def test_specials_and_huge_activations_keep_stock_bits(pkg):
+    """Weights with inf, NaN, denormals and outliers; a token whose embedding is near bf16's limit."""
+
+    def tweak(state):
+        o = state["model.layers.0.self_attn.o_proj.weight"]
+        o[5, :9] = torch.tensor([0.0, -0.0, 1e-39, -3e-39, float("inf"), 1e4, -3e-20, 2.0, float("nan")]).to(
+            o
+        )
+        state["model.embed_tokens.weight"][11] *= 2.0**120
+
+    stock, model = _models(pkg, tweak)
+    engines = [engine_for(pkg, stock, w12={"enabled": False}), engine_for(pkg, model)]
+    got = []
+    for eng in engines:
+        eng.model.prefill([3, 11, 4, 11, 5], 0)
+        got.append(_pass(eng.model, [11, 6, 7], 5))
+    assert got[0][0] == got[1][0]
+    assert torch.equal(_bits(got[0][1]), _bits(got[1][1]))
+    assert torch.equal(_bits(got[0][2]), _bits(got[1][2]))
+
+
+def test_stands_aside_on_the_persistent_pass(pkg, capfd):
+    from refspec_w12_gpu.cuda_graphs import CudaModel
+    from refspec_w12_gpu.synthetic import synthetic_state
+    from refspec_w12_gpu.weights import SYNTHETIC
+
+    cfg = dict(SYNTHETIC["wide27b-8l"], hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1024, model_type="llama")  # fmt: skip
+    model = CudaModel(pkg.model.ModelArgs.from_hf(cfg), synthetic_state(cfg, CUDA), CUDA, 512)
+    assert model.persistent
+    eng = engine_for(pkg, model)
+    assert type(eng.model) is CudaModel and isinstance(eng.model.layers[0][1], torch.Tensor)
+    assert "w12: stands aside on the persistent pass" in capfd.readouterr().err
