@@ -46,6 +46,7 @@ def main() -> None:
     from refspec.cuda_graphs import CudaModel
     from refspec.ext import w12
     from refspec.runtime import open_engine
+    from refspec.w12tiles.model import W12CudaModel
 
     t0 = time.perf_counter()
     config = load_config()
@@ -66,8 +67,9 @@ def main() -> None:
         for layer in model.layers for t in layer)  # fmt: skip
 
     def use(kind: str) -> None:
-        model.__class__ = CudaModel if kind == "stock" else w12.W12CudaModel
+        model.__class__ = CudaModel if kind == "stock" else W12CudaModel
         model.layers = bf16["layers"] if kind == "stock" else tiles["layers"]
+        model.w12_asm = kind == "w12"
         model.graphs.clear()
 
     name = torch.cuda.get_device_name(0)
@@ -75,21 +77,22 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(0, 49152, (args.context + 64,), generator=g).tolist()
     rows = [int(x) for x in args.rows.split(",")]
-    times: dict[str, dict[int, list[float]]] = {k: {r: [] for r in rows} for k in ("stock", "w12")}
+    kinds = ("stock", "w12", "w12_triton")  # w12_triton: the plain-Triton rebuild (same bits) in place of the PTX
+    times: dict[str, dict[int, list[float]]] = {k: {r: [] for r in rows} for k in kinds}
     same = True
     for _ in range(args.rounds):
-        for kind in ("stock", "w12"):
+        for kind in kinds:
             use(kind)
             for r in rows:
                 times[kind][r].append(time_pass(model, r, seq, args.context))
         for r in rows:  # both passes' argmax on the same rows
             outs = []
-            for kind in ("stock", "w12"):
+            for kind in kinds:
                 use(kind)
                 model.prefill(seq[: args.context], 0)
                 outs.append(model.verify(seq[args.context : args.context + r], list(range(args.context, args.context + r)),
                                          args.context, None))  # fmt: skip
-            same &= outs[0] == outs[1]
+            same &= outs[0] == outs[1] == outs[2]
     out = {"device": name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "model": args.model, "context": args.context, "load_s": load_s, "w12_setup_s": setup_s,
            "stock_bytes": stock_bytes, "w12_bytes": w12_bytes, "byte_ratio": w12_bytes / stock_bytes,
@@ -97,7 +100,7 @@ def main() -> None:
     for r in rows:
         s, w = statistics.median(times["stock"][r]), statistics.median(times["w12"][r])
         out["rows"][r] = {"stock_ms": s, "w12_ms": w, "speedup": s / w, "stock_runs": times["stock"][r],
-                          "w12_runs": times["w12"][r],
+                          "w12_runs": times["w12"][r], "w12_triton_ms": statistics.median(times["w12_triton"][r]),
                           "stock_floor_ms": 1e3 * stock_bytes / peak if peak else None,
                           "w12_floor_ms": 1e3 * w12_bytes / peak if peak else None}  # fmt: skip
         print(r, json.dumps(out["rows"][r]), flush=True)

@@ -27,10 +27,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int16)
 
 
+@pytest.mark.parametrize("asm", [True, False], ids=["ptx", "triton"])
 @pytest.mark.parametrize(("bn", "bk"), [(16, 64), (32, 128), (128, 128), (128, 64)])
 @pytest.mark.parametrize(("n", "k"), [(384, 512), (300, 200)])
-def test_triton_tiles_are_the_bf16_tiles(n, k, bn, bk):
-    """Zeros of both signs, denormals, inf, NaN payloads, far outliers, ragged edges."""
+def test_triton_tiles_are_the_bf16_tiles(n, k, bn, bk, asm):
+    """Zeros of both signs, denormals, inf, NaN payloads, far outliers, ragged edges; both rebuilds."""
     import triton
     import triton.language as tl
 
@@ -38,9 +39,9 @@ def test_triton_tiles_are_the_bf16_tiles(n, k, bn, bk):
 
     @triton.jit
     def rebuild(rec, exps, eptr, esc, out, N, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr):  # fmt: skip
+                BK: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
         n0, k0 = tl.program_id(0) * BN, tl.program_id(1) * BK
-        w = w12_tile(rec, eptr, esc, w12_base(exps, n0, N, BN), n0, k0, K, BN, BK)
+        w = w12_tile(rec, eptr, esc, w12_base(exps, n0, N, BN), n0, k0, K, BN, BK, ASM)
         rows, cols = n0 + tl.arange(0, BN), k0 + tl.arange(0, BK)
         tl.store(out + rows[:, None] * KP + cols[None, :], w)
 
@@ -51,7 +52,9 @@ def test_triton_tiles_are_the_bf16_tiles(n, k, bn, bk):
     assert tw is not None and tw.esc.numel() > 0
     np_, kp = triton.cdiv(n, bn) * bn, triton.cdiv(k, bk) * bk
     out = torch.full((np_, kp), 7.0, dtype=torch.bfloat16, device=CUDA)
-    rebuild[(np_ // bn, kp // bk)](tw.records, tw.exps, tw.eptr, tw.esc, out, n, K=k, KP=kp, BN=bn, BK=bk)
+    rebuild[(np_ // bn, kp // bk)](
+        tw.records, tw.exps, tw.eptr, tw.esc, out, n, K=k, KP=kp, BN=bn, BK=bk, ASM=asm
+    )
     assert torch.equal(_bits(out[:n, :k]), _bits(w))
     assert not bool(out[n:].float().any()) and not bool(out[:, k:].float().any()), "padding is zero"
 
@@ -113,10 +116,12 @@ def _pass(model, tokens, start, mask=None):
     return out, model.x[: len(tokens)].clone(), model.kc[:, :, : start + len(tokens)].clone()
 
 
-@pytest.mark.parametrize("rows", [1, 7, 16, 33])
-def test_a_pass_has_stock_bits(models, rows):
+@pytest.mark.parametrize(("rows", "asm"), [(1, True), (7, True), (16, True), (33, True), (7, False)])
+def test_a_pass_has_stock_bits(models, rows, asm):
     """Prefill (eager kernels), then a captured pass: hidden states, K/V and argmax, bit for bit."""
     stock, w12 = models
+    w12.model.w12_asm = asm
+    w12.model.graphs.clear()
     g = torch.Generator().manual_seed(rows)
     prompt = torch.randint(0, 4096, (90,), generator=g).tolist()
     tokens = torch.randint(0, 4096, (rows,), generator=g).tolist()
@@ -127,6 +132,8 @@ def test_a_pass_has_stock_bits(models, rows):
     assert got[0][0] == got[1][0]
     assert torch.equal(_bits(got[0][1]), _bits(got[1][1]))
     assert torch.equal(_bits(got[0][2]), _bits(got[1][2]))
+    w12.model.w12_asm = True
+    w12.model.graphs.clear()
 
 
 def test_decoding_is_stock_token_for_token(pkg, models):
