@@ -78,14 +78,14 @@ def _cat(a, b):
 
 
 @triton.jit
-def _record(rec_ptr, eptr_ptr, esc_ptr, base, r, band, kr, KT: tl.constexpr, BN: tl.constexpr,
+def _record(rec_ptr, pbase_ptr, pidx_ptr, patch_ptr, base, r, band, kr, KT: tl.constexpr, BN: tl.constexpr,
             USE_ASM: tl.constexpr):  # fmt: skip
-    """bf16 [BN, 64]: local rows r of record (band, kr), escapes in; zeros past KT."""
+    """bf16 [BN, 64]: local rows r of record (band, kr), patched rows taken whole; zeros past KT."""
     rec = band * KT + kr
-    c = tl.arange(0, 32)
+    in_k = kr < KT
     if USE_ASM:
         words = tl.arange(0, 8)
-        live = ((kr < KT) & (r >= 0))[:, None] & (words >= 0)[None, :]
+        live = (in_k & (r >= 0))[:, None] & (words >= 0)[None, :]
         p = rec_ptr.to(tl.pointer_type(tl.int32)) + rec.to(tl.int64) * 3072 + r[:, None] * 8 + words[None, :]
         v0 = tl.load(p, mask=live, other=0)
         v1 = tl.load(p + 1024, mask=live, other=0)
@@ -98,28 +98,25 @@ def _record(rec_ptr, eptr_ptr, esc_ptr, base, r, band, kr, KT: tl.constexpr, BN:
                                            is_pure=True, pack=1)  # fmt: skip
         w1 = _pairs_to_bf16(a0, a1)
     else:
-        live = (kr < KT) & (r >= 0)
+        c = tl.arange(0, 32)
+        live = (in_k & (r >= 0))[:, None] & (c >= 0)[None, :]
         p = rec_ptr + rec.to(tl.int64) * 12288 + r[:, None] * 32 + c[None, :]
-        v0 = tl.load(p, mask=live[:, None], other=0).to(tl.int32)
-        v1 = tl.load(p + 4096, mask=live[:, None], other=0).to(tl.int32)
-        lo = tl.load(p + 8192, mask=live[:, None], other=0).to(tl.int32)
+        v0 = tl.load(p, mask=live, other=0).to(tl.int32)
+        v1 = tl.load(p + 4096, mask=live, other=0).to(tl.int32)
+        lo = tl.load(p + 8192, mask=live, other=0).to(tl.int32)
         w0 = w12_bits(v0, lo & 15, base[:, None]).to(tl.int16).to(tl.bfloat16, bitcast=True)
         w1 = w12_bits(v1, lo >> 4, base[:, None]).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    e0 = tl.load(eptr_ptr + rec, mask=kr < KT, other=0)
-    e1 = tl.load(eptr_ptr + rec + 1, mask=kr < KT, other=0)
-    for e in range(e0, e1):
-        d = tl.load(esc_ptr + e)
-        at = r[:, None] == (d & 127)
-        col = (d >> 7) & 63
-        bits = ((d >> 16) & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        w0 = tl.where(at & (c[None, :] == col), bits, w0)
-        w1 = tl.where(at & (c[None, :] + 32 == col), bits, w1)
-    return _cat(w0, w1)
+    li = tl.load(pidx_ptr + rec.to(tl.int64) * 128 + r, mask=in_k & (r >= 0), other=255)
+    has = li != 255
+    row = tl.load(pbase_ptr + rec, mask=in_k, other=0) + li.to(tl.int32)
+    c64 = tl.arange(0, 64)
+    patch = tl.load(patch_ptr + row.to(tl.int64)[:, None] * 64 + c64[None, :], mask=has[:, None], other=0)
+    return tl.where(has[:, None], patch.to(tl.bfloat16, bitcast=True), _cat(w0, w1))
 
 
 @triton.jit
-def w12_tile(rec_ptr, eptr_ptr, esc_ptr, base, n0, k0, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-             USE_ASM: tl.constexpr = True):  # fmt: skip
+def w12_tile(rec_ptr, pbase_ptr, pidx_ptr, patch_ptr, base, n0, k0, K: tl.constexpr, BN: tl.constexpr,
+             BK: tl.constexpr, USE_ASM: tl.constexpr = True):  # fmt: skip
     """The bf16 tile W[n0 : n0 + BN, k0 : k0 + BK] of a [N, K] matrix (zeros past its edges), from
     its TileWeight parts; base = w12_base(exps, n0, N, BN). BN | 128, n0 % BN == 0, BK 64 or 128."""
     tl.static_assert(128 % BN == 0, "W12 tiles: BN must divide 128")
@@ -127,7 +124,9 @@ def w12_tile(rec_ptr, eptr_ptr, esc_ptr, base, n0, k0, K: tl.constexpr, BN: tl.c
     KT: tl.constexpr = (K + 63) // 64
     r = n0 % 128 + tl.arange(0, BN)
     band = n0 // 128
-    w = _record(rec_ptr, eptr_ptr, esc_ptr, base, r, band, k0 // 64, KT, BN, USE_ASM)
+    w = _record(rec_ptr, pbase_ptr, pidx_ptr, patch_ptr, base, r, band, k0 // 64, KT, BN, USE_ASM)
     if BK == 128:
-        w = _cat(w, _record(rec_ptr, eptr_ptr, esc_ptr, base, r, band, k0 // 64 + 1, KT, BN, USE_ASM))
+        w = _cat(
+            w, _record(rec_ptr, pbase_ptr, pidx_ptr, patch_ptr, base, r, band, k0 // 64 + 1, KT, BN, USE_ASM)
+        )
     return w

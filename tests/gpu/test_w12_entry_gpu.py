@@ -38,10 +38,10 @@ def test_triton_tiles_are_the_bf16_tiles(n, k, bn, bk, asm):
     from specpilot.kernels.w12.tile_kernels import w12_base, w12_tile
 
     @triton.jit
-    def rebuild(rec, exps, eptr, esc, out, N, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr,
+    def rebuild(rec, exps, pbase, pidx, patch, out, N, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
         n0, k0 = tl.program_id(0) * BN, tl.program_id(1) * BK
-        w = w12_tile(rec, eptr, esc, w12_base(exps, n0, N, BN), n0, k0, K, BN, BK, ASM)
+        w = w12_tile(rec, pbase, pidx, patch, w12_base(exps, n0, N, BN), n0, k0, K, BN, BK, ASM)
         rows, cols = n0 + tl.arange(0, BN), k0 + tl.arange(0, BK)
         tl.store(out + rows[:, None] * KP + cols[None, :], w)
 
@@ -49,12 +49,10 @@ def test_triton_tiles_are_the_bf16_tiles(n, k, bn, bk, asm):
     w[0, :4] = torch.tensor([0.0, -0.0, 1e-39, -3e-20])
     w = w.to(CUDA)
     tw = tile_weight(w)
-    assert tw is not None and tw.esc.numel() > 0
+    assert tw is not None and bool((tw.pidx != 255).any())
     np_, kp = triton.cdiv(n, bn) * bn, triton.cdiv(k, bk) * bk
     out = torch.full((np_, kp), 7.0, dtype=torch.bfloat16, device=CUDA)
-    rebuild[(np_ // bn, kp // bk)](
-        tw.records, tw.exps, tw.eptr, tw.esc, out, n, K=k, KP=kp, BN=bn, BK=bk, ASM=asm
-    )
+    rebuild[(np_ // bn, kp // bk)](*tw.parts(), out, n, K=k, KP=kp, BN=bn, BK=bk, ASM=asm)
     assert torch.equal(_bits(out[:n, :k]), _bits(w))
     assert not bool(out[n:].float().any()) and not bool(out[:, k:].float().any()), "padding is zero"
 
@@ -108,7 +106,7 @@ def test_every_matrix_reads_records(models):
         sum(layer[j].numel() * 2 for layer in stock.model.layers for j in (1, 2, 4, 5))
         + stock.model.head.numel() * 2
     )
-    assert 0.75 < w / b < 0.77, w / b
+    assert 0.75 < w / b < 0.78, w / b  # 12 bits + pidx 0.125 + patch rows
 
 
 def _pass(model, tokens, start, mask=None):
