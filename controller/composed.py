@@ -131,8 +131,9 @@ def _continue(model, tok, texts: list[str], steps: int, stop: set[int], gen: tor
     return [tok.decode(cont) for cont in _sample(model, ids, steps, stop, gen)]
 
 
-def compose(dep: Deployment, home: Home, seed: int) -> list[Prompt]:
-    """A fresh pool: `pool_size` composed prompts of every set of the workload (see the module)."""
+def compose(dep: Deployment, home: Home, seed: int, avoid: frozenset[str] = frozenset()) -> list[Prompt]:
+    """A fresh pool: `pool_size` composed prompts of every set of the workload (see the module), none
+    of them a text in `avoid` (the last pool's: a confident sample can repeat one)."""
     if dep.engine != "refspec":
         raise SpecPilotError(
             f"deployment {dep.name!r}: composed prompts are sampled by refspec's stock model; engine "
@@ -178,7 +179,8 @@ def compose(dep: Deployment, home: Home, seed: int) -> list[Prompt]:
                 new = tok.encode(body, add_special_tokens=False).ids
                 text = head + body
                 text += "\n```" if text.count("```") % 2 else ""  # close its fence
-                if len(new) >= MIN_SAMPLED and not _ngrams(new, NOVEL_NGRAM) & seen and text not in made:
+                fresh = text not in made and text not in avoid
+                if len(new) >= MIN_SAMPLED and not _ngrams(new, NOVEL_NGRAM) & seen and fresh:
                     made.append(text)
             if len(made) >= want:
                 break
@@ -192,8 +194,10 @@ def compose(dep: Deployment, home: Home, seed: int) -> list[Prompt]:
 
 
 def make(dep: Deployment, home: Home) -> dict[str, int]:
-    """Compose a fresh pool under a seed from the OS and store it (replacing the last); per set."""
-    prompts = compose(dep, home, random.SystemRandom().getrandbits(63))
+    """Compose a fresh pool under a seed from the OS and store it (replacing the last, with which it
+    shares no prompt); per set."""
+    last = frozenset(p.turns[0] for p in load(dep, home) or [])
+    prompts = compose(dep, home, random.SystemRandom().getrandbits(63), last)
     db = connect(home)
     for key in MEASURED_ON_THE_POOL:  # measured on the last pool (its ids name other prompts now)
         records.set_state(db, dep.name, key, None)
