@@ -29,7 +29,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("asm", [True, False], ids=["ptx", "triton"])
 @pytest.mark.parametrize(("bn", "bk"), [(16, 64), (32, 128), (128, 128), (128, 64)])
-@pytest.mark.parametrize(("n", "k"), [(384, 512), (300, 200)])
+@pytest.mark.parametrize(("n", "k"), [(384, 512), (300, 320)])
 def test_triton_tiles_are_the_bf16_tiles(n, k, bn, bk, asm):
     """Zeros of both signs, denormals, inf, NaN payloads, far outliers, ragged edges; both rebuilds."""
     import triton
