@@ -22,10 +22,30 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.refspec.tree_entry builds the entry (`specpilot` on PYTHONPATH: gpu_env.sh)
+sys.path.insert(
+    0, str(ROOT)
+)  # tests.refspec.tree_entry builds the entry (`specpilot` on PYTHONPATH: gpu_env.sh)
 sys.path.insert(0, str(ROOT / "bench"))
 
 from refspec_wide import PEAK, time_pass  # noqa: E402
+
+
+def profile_pass(model, use, kind: str, seq: list[int], ctx: int) -> dict[str, float]:
+    """Device µs of each kernel (by name, summed) in a one-row pass launched eagerly, mean of 5."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    use(kind)
+    model.eager = True
+    model.prefill(seq[:ctx], 0)
+    args = (seq[ctx : ctx + 1], [ctx], ctx, None)
+    model.verify(*args)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            model.verify(*args)
+        torch.cuda.synchronize()
+    model.eager = False
+    return {e.key: e.device_time_total / 5 for e in prof.key_averages() if e.device_time_total > 0}
 
 
 def main() -> None:
@@ -34,6 +54,9 @@ def main() -> None:
     ap.add_argument("--rows", default="1,9")
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--profile", action="store_true", help="also each kernel's device µs a one-row pass (eager)"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -77,7 +100,11 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(0, 49152, (args.context + 64,), generator=g).tolist()
     rows = [int(x) for x in args.rows.split(",")]
-    kinds = ("stock", "w12", "w12_triton")  # w12_triton: the plain-Triton rebuild (same bits) in place of the PTX
+    kinds = (
+        "stock",
+        "w12",
+        "w12_triton",
+    )  # w12_triton: the plain-Triton rebuild (same bits) in place of the PTX
     times: dict[str, dict[int, list[float]]] = {k: {r: [] for r in rows} for k in kinds}
     same = True
     for _ in range(args.rounds):
@@ -104,6 +131,8 @@ def main() -> None:
                           "stock_floor_ms": 1e3 * stock_bytes / peak if peak else None,
                           "w12_floor_ms": 1e3 * w12_bytes / peak if peak else None}  # fmt: skip
         print(r, json.dumps(out["rows"][r]), flush=True)
+    if args.profile:
+        out["kernels_us"] = {kind: profile_pass(model, use, kind, seq, args.context) for kind in kinds}
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}), flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

@@ -10,10 +10,12 @@ covers BK / 64 whole records.
 
 Escapes ride as patch rows: a record row (one channel's 64 columns of one record) that holds an
 escape is also stored whole in bf16 (`patch`), and `pidx` names it (record i's row r is patch row
-pbase[i] + pidx[i, r]; 255: none), so a tile takes a patched row from there with one masked load
+pinfo[i, 0] + pidx[i, r]; 255: none), so a tile takes a patched row from there with one masked load
 and one select: no loop over escapes (a loop inside a kernel's K loop keeps Triton from pipelining
-it). The escapes of a trained-like matrix (~5 in 10^5 weights) touch ~0.4 of a record's 128 rows:
-pidx costs 1 byte a record row (+0.13 bit a weight), the patch rows ~+0.05.
+it). pinfo[i, 1] has bit g set when rows 16g .. 16g + 15 of record i hold a patched row, so a tile
+whose rows hold none (nearly all: ~5 escapes in 10^5 weights touch ~0.4 of a record's 128 rows)
+skips that work on one scalar test. pidx costs 1 byte a record row (+0.13 bit a weight), pinfo 8
+bytes a record, the patch rows ~+0.05 bit a weight.
 
 The kernels' part is tile_kernels.py (Triton, imported only where Triton is); this module is torch.
 `tile_weight` makes the kernels' copy of a matrix (the records and window exponents as the codec
@@ -42,13 +44,11 @@ class TileWeight:
     shape: tuple[int, int]
     records: torch.Tensor  # uint8 [NT, KT, 12288], format.py's records
     exps: torch.Tensor  # uint8 [N], each channel's window top E_n
-    pbase: torch.Tensor  # int32 [NT * KT]: record i's first patch row
-    pidx: (
-        torch.Tensor
-    )  # uint8 [NT * KT, 128]: record i's row r is patch row pbase[i] + pidx[i, r] (255: none)
+    pinfo: torch.Tensor  # int32 [NT * KT, 2]: record i's first patch row; bits: its 16-row groups holding one
+    pidx: torch.Tensor  # uint8 [NT * KT, 128]: record i's row r is patch row pinfo[i, 0] + pidx[i, r], or 255
     patch: torch.Tensor  # int16 [max(P, 1), 64]: the bf16 bits of each patched record row (zero past K)
 
-    PARTS = ("records", "exps", "pbase", "pidx", "patch")
+    PARTS = ("records", "exps", "pinfo", "pidx", "patch")
 
     @property
     def kt(self) -> int:
@@ -80,11 +80,19 @@ def tile_weight(w: torch.Tensor) -> TileWeight | None:
     pbase[1:] = pcount.cumsum(0)[:-1]
     pidx = torch.full((nt * kt, TILE_N), NO_PATCH, dtype=torch.uint8, device=dev)
     pidx[prec, prow] = (torch.arange(key.numel(), device=dev) - pbase[prec]).to(torch.uint8)
+    pinfo = torch.stack([pbase, _groups(prec, prow, nt * kt)], 1).to(torch.int32).contiguous()
     bits = F.pad(w.contiguous().view(torch.int16), (0, kt * TILE_K - k, 0, nt * TILE_N - n))
     ch = (prec // kt) * TILE_N + prow
     cols = (prec % kt)[:, None] * TILE_K + torch.arange(TILE_K, device=dev)[None, :]
     patch = bits[ch[:, None], cols] if key.numel() else torch.zeros(1, TILE_K, dtype=torch.int16, device=dev)
-    return TileWeight((n, k), t.records, t.exps, pbase.to(torch.int32), pidx, patch.contiguous())
+    return TileWeight((n, k), t.records, t.exps, pinfo, pidx, patch.contiguous())
+
+
+def _groups(prec: torch.Tensor, prow: torch.Tensor, records: int) -> torch.Tensor:
+    """Per record, bit g set when one of its rows 16g .. 16g + 15 is patched (int64)."""
+    hit = torch.zeros(records, 8, dtype=torch.bool, device=prec.device)
+    hit[prec, prow // 16] = True
+    return (hit.long() << torch.arange(8, device=prec.device)).sum(1)
 
 
 def tile_bits(tw: TileWeight) -> torch.Tensor:
@@ -103,7 +111,9 @@ def tile_bits(tw: TileWeight) -> torch.Tensor:
     bits = torch.where((v & 0x7F) != 0, sign | (((v & 0x7F) << 4) + base) | low, sign)
     bits = torch.where(bits >= 1 << 15, bits - (1 << 16), bits).to(torch.int16)
     prec, prow = (tw.pidx != NO_PATCH).nonzero(as_tuple=True)
-    at = tw.pbase.long()[prec] + tw.pidx[prec, prow].long()
+    at = tw.pinfo[:, 0].long()[prec] + tw.pidx[prec, prow].long()
+    if not torch.equal(tw.pinfo[:, 1].long(), _groups(prec, prow, nt * kt)):
+        raise ValueError("TileWeight.pinfo's group bits do not name the groups pidx patches")
     ch = (prec // kt) * TILE_N + prow
     cols = (prec % kt)[:, None] * TILE_K + torch.arange(TILE_K, device=v.device)[None, :]
     bits[ch[:, None], cols] = tw.patch[at]

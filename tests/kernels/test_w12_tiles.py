@@ -31,7 +31,7 @@ def test_tiles_rebuild_every_weight(n, k, seed):
     for i in range(tw.pidx.shape[0]):
         local = tw.pidx[i][tw.pidx[i] != 255].long()
         assert local.tolist() == list(range(local.numel()))
-        assert i + 1 == tw.pidx.shape[0] or int(tw.pbase[i + 1]) == int(tw.pbase[i]) + local.numel()
+        assert i + 1 == tw.pidx.shape[0] or int(tw.pinfo[i + 1, 0]) == int(tw.pinfo[i, 0]) + local.numel()
 
 
 def test_a_patch_row_is_the_record_row_whole():
@@ -40,10 +40,11 @@ def test_a_patch_row_is_the_record_row_whole():
     w[130, 5] = float("-inf")  # record (1, 0), row 2
     tw = tile_weight(w)
     rec, row = 1, 3  # record index nt * KT + kt with KT = 2
-    at = int(tw.pbase[rec]) + int(tw.pidx[rec, row])
+    at = int(tw.pinfo[rec, 0]) + int(tw.pidx[rec, row])
     assert torch.equal(tw.patch[at], _bits(w[3, 64:128]))
-    at = int(tw.pbase[2]) + int(tw.pidx[2, 2])
+    at = int(tw.pinfo[2, 0]) + int(tw.pidx[2, 2])
     assert torch.equal(tw.patch[at], _bits(w[130, :64]))
+    assert int(tw.pinfo[1, 1]) & 1 and int(tw.pinfo[2, 1]) & 1  # rows 3 and 2: group 0
     assert torch.equal(_bits(tile_bits(tw)), _bits(w))
 
 
@@ -65,7 +66,9 @@ def test_the_copy_costs_what_the_records_cost():
     tw = tile_weight(w)
     bits = 8 * tw.nbytes() / w.numel()  # records 12, pidx 0.125, patch rows 16 * 64 per escaped row
     escaped_rows = tw.patch.shape[0]
-    assert bits == pytest.approx(12 + 0.125 + (escaped_rows * 64 * 16 + 8 * 4 * tw.pbase.numel() + 8 * 256) / w.numel())
+    assert bits == pytest.approx(
+        12 + 0.125 + (escaped_rows * 64 * 16 + 8 * 4 * tw.pinfo.numel() + 8 * 256) / w.numel()
+    )
     assert bits < 12.4, bits
 
 
