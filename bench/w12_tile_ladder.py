@@ -11,6 +11,8 @@ stages: stock's READ_BOUND tiles), timed with triton.testing.do_bench_cudagraph 
                access pattern's read speed, no rebuild, no dot
 - ptx_halves:  + the PTX rebuild; two K=32 dots a record, no concatenation, no patch rows
 - ptx_cat:     + the PTX rebuild, halves and records concatenated to [BN, BK], one dot (no patch rows)
+- esc_after:   ptx_cat, then the program's escapes added to the fp32 sums after the K loop (exact
+               products in another order; bytes: records + the format's escape lists)
 - full:        tile_kernels.w12_tile (PTX, patch rows), one dot: what the refspec-w12 entry runs
 - flat:        the tile in a plain load's index space (k_flat), to see whether the dot then keeps bf16's bits
 `outputs_unlike_bf16` counts the fp32 outputs whose bits differ from the bf16 kernel's.
@@ -29,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specpilot.kernels.w12 import encode  # noqa: E402
 from specpilot.kernels.w12.tile_kernels import (  # noqa: E402
     ASM_HI,
     ASM_LO,
@@ -147,6 +150,37 @@ def k_ptx(a_ptr, rec_ptr, exp_ptr, out_ptr, N, K: tl.constexpr, BM: tl.constexpr
 
 
 @triton.jit
+def k_esc_after(a_ptr, rec_ptr, exp_ptr, esc_ptr, esc_row, esc_col, esc_bits, out_ptr, N, K: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """The PTX rebuild with escaped slots left zero (no patch rows), then the program's escapes added
+    to the fp32 sums after the K loop (exact products, another order: the paper's W12 GEMM's way)."""
+    nb = tl.program_id(0)
+    n0 = nb * BN
+    KT: tl.constexpr = K // 64
+    r = n0 % 128 + tl.arange(0, BN)
+    rows = tl.arange(0, BM)
+    base = w12_base(exp_ptr, n0, N, BN)
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, K, BK):
+        rec = (n0 // 128) * KT + k0 // 64
+        w0, w1 = _halves(rec_ptr, base, r, rec)
+        w = _cat(w0, w1)
+        if BK == 128:
+            w2, w3 = _halves(rec_ptr, base, r, rec + 1)
+            w = _cat(w, _cat(w2, w3))
+        ks = k0 + tl.arange(0, BK)
+        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :])
+        acc = tl.dot(a, tl.trans(w), acc)
+    cn = tl.arange(0, BN)
+    for e in range(tl.load(esc_ptr + n0), tl.load(esc_ptr + n0 + BN)):
+        col = tl.load(esc_col + e).to(tl.int32)
+        wv = tl.load(esc_bits + e).to(tl.bfloat16, bitcast=True).to(tl.float32)
+        xv = tl.load(a_ptr + rows * K + col).to(tl.float32)
+        acc += tl.where(cn[None, :] == tl.load(esc_row + e) - n0, xv[:, None] * wv, 0.0)
+    tl.store(out_ptr + rows[:, None] * N + (n0 + cn)[None, :], acc)
+
+
+@triton.jit
 def k_full(a_ptr, rec_ptr, exp_ptr, pinfo_ptr, pidx_ptr, patch_ptr, out_ptr, N, K: tl.constexpr, BM: tl.constexpr,
            BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
     nb = tl.program_id(0)
@@ -209,6 +243,9 @@ def main() -> None:
     w = (torch.randn(n, k, device=dev, generator=g) * scale).bfloat16()
     a = torch.randn(bm, k, device=dev, generator=g).bfloat16()
     tw = tile_weight(w)
+    t12 = encode(w)  # the per-channel escape lists (no raw rows here: tile_weight returned a copy)
+    esc_row = torch.repeat_interleave(torch.arange(n, device=dev, dtype=torch.int32),
+                                      (t12.esc_ptr[1:] - t12.esc_ptr[:-1]).long())  # fmt: skip
     out = torch.zeros(bm, n, device=dev)
     words = torch.zeros(n, 8, device=dev, dtype=torch.int32)
     launch = dict(num_warps=4, num_stages=3)
@@ -221,6 +258,9 @@ def main() -> None:
                                                         CAT=False, **launch)),
         "ptx_cat": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, out, n, K=k, BM=bm, BN=bn, BK=bk,
                                                      CAT=True, **launch)),
+        "esc_after": (tw.records.numel() + t12.nbytes() - t12.records.numel(),
+                      lambda: k_esc_after[grid](a, tw.records, tw.exps, t12.esc_ptr, esc_row, t12.esc_col, t12.esc_bits,
+                                                out, n, K=k, BM=bm, BN=bn, BK=bk, **launch)),
         "full": (tw.nbytes(), lambda: k_full[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk, ASM=True,
                                                    **launch)),
         "full_triton": (tw.nbytes(), lambda: k_full[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk,
