@@ -70,6 +70,7 @@ def main() -> None:
     from refspec.ext import w12
     from refspec.runtime import open_engine
     from refspec.w12tiles.model import W12CudaModel
+    from refspec.w12tiles.tiles import TileWeight
 
     t0 = time.perf_counter()
     config = load_config()
@@ -78,7 +79,7 @@ def main() -> None:
     model = engine.model
     load_s = time.perf_counter() - t0
     a = model.args
-    bf16 = {"layers": model.layers, "cache": model._stack_cache}
+    bf16_layers = model.layers
     kv = 2 * a.layers * 2 * a.kv_heads * a.head_dim * args.context
     stock_bytes = 2 * sum(t.numel() for layer in model.layers for t in layer) + 2 * model.head.numel() + kv
     t1 = time.perf_counter()
@@ -86,12 +87,12 @@ def main() -> None:
     setup_s = time.perf_counter() - t1
     tiles = {"layers": model.layers, "head": model.head_w12}
     w12_bytes = kv + model.head_w12.nbytes() + sum(
-        (t.nbytes() if hasattr(t, "nbytes") and not isinstance(t, torch.Tensor) else 2 * t.numel())
+        (t.nbytes() if isinstance(t, TileWeight) else 2 * t.numel())
         for layer in model.layers for t in layer)  # fmt: skip
 
     def use(kind: str) -> None:
         model.__class__ = CudaModel if kind == "stock" else W12CudaModel
-        model.layers = bf16["layers"] if kind == "stock" else tiles["layers"]
+        model.layers = bf16_layers if kind == "stock" else tiles["layers"]
         model.w12_asm = kind == "w12"
         model.graphs.clear()
 

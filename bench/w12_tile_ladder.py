@@ -118,13 +118,17 @@ def _halves(rec_ptr, base, r, rec):
 
 
 @triton.jit
-def k_ptx(a_ptr, rec_ptr, exp_ptr, out_ptr, N, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-          BK: tl.constexpr, CAT: tl.constexpr):  # fmt: skip
+def k_ptx(a_ptr, rec_ptr, exp_ptr, esc_ptr, esc_row, esc_col, esc_bits, out_ptr, N, K: tl.constexpr,
+          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CAT: tl.constexpr, ESC: tl.constexpr):  # fmt: skip
+    """The PTX rebuild, escaped slots left zero (no patch rows): one dot a K step (CAT) or two K=32
+    dots a record; with ESC, the program's escapes (the format's per-channel lists) added to the fp32
+    sums after the K loop (exact products, another order: the paper's W12 GEMM's way)."""
     nb = tl.program_id(0)
     n0 = nb * BN
     KT: tl.constexpr = K // 64
     r = n0 % 128 + tl.arange(0, BN)
     rows = tl.arange(0, BM)
+    cn = tl.arange(0, BN)
     base = w12_base(exp_ptr, n0, N, BN)
     acc = tl.zeros([BM, BN], tl.float32)
     for k0 in range(0, K, BK):
@@ -146,37 +150,12 @@ def k_ptx(a_ptr, rec_ptr, exp_ptr, out_ptr, N, K: tl.constexpr, BM: tl.constexpr
                 a1 = tl.load(a_ptr + rows[:, None] * K + 32 + ks[None, :])
                 acc = tl.dot(a0, tl.trans(w0), acc)
                 acc = tl.dot(a1, tl.trans(w1), acc)
-    tl.store(out_ptr + rows[:, None] * N + (n0 + tl.arange(0, BN))[None, :], acc)
-
-
-@triton.jit
-def k_esc_after(a_ptr, rec_ptr, exp_ptr, esc_ptr, esc_row, esc_col, esc_bits, out_ptr, N, K: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
-    """The PTX rebuild with escaped slots left zero (no patch rows), then the program's escapes added
-    to the fp32 sums after the K loop (exact products, another order: the paper's W12 GEMM's way)."""
-    nb = tl.program_id(0)
-    n0 = nb * BN
-    KT: tl.constexpr = K // 64
-    r = n0 % 128 + tl.arange(0, BN)
-    rows = tl.arange(0, BM)
-    base = w12_base(exp_ptr, n0, N, BN)
-    acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, K, BK):
-        rec = (n0 // 128) * KT + k0 // 64
-        w0, w1 = _halves(rec_ptr, base, r, rec)
-        w = _cat(w0, w1)
-        if BK == 128:
-            w2, w3 = _halves(rec_ptr, base, r, rec + 1)
-            w = _cat(w, _cat(w2, w3))
-        ks = k0 + tl.arange(0, BK)
-        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :])
-        acc = tl.dot(a, tl.trans(w), acc)
-    cn = tl.arange(0, BN)
-    for e in range(tl.load(esc_ptr + n0), tl.load(esc_ptr + n0 + BN)):
-        col = tl.load(esc_col + e).to(tl.int32)
-        wv = tl.load(esc_bits + e).to(tl.bfloat16, bitcast=True).to(tl.float32)
-        xv = tl.load(a_ptr + rows * K + col).to(tl.float32)
-        acc += tl.where(cn[None, :] == tl.load(esc_row + e) - n0, xv[:, None] * wv, 0.0)
+    if ESC:
+        for e in range(tl.load(esc_ptr + n0), tl.load(esc_ptr + n0 + BN)):
+            col = tl.load(esc_col + e).to(tl.int32)
+            wv = tl.load(esc_bits + e).to(tl.bfloat16, bitcast=True).to(tl.float32)
+            xv = tl.load(a_ptr + rows * K + col).to(tl.float32)
+            acc += tl.where(cn[None, :] == tl.load(esc_row + e) - n0, xv[:, None] * wv, 0.0)
     tl.store(out_ptr + rows[:, None] * N + (n0 + cn)[None, :], acc)
 
 
@@ -246,6 +225,7 @@ def main() -> None:
     t12 = encode(w)  # the per-channel escape lists (no raw rows here: tile_weight returned a copy)
     esc_row = torch.repeat_interleave(torch.arange(n, device=dev, dtype=torch.int32),
                                       (t12.esc_ptr[1:] - t12.esc_ptr[:-1]).long())  # fmt: skip
+    esc = (t12.esc_ptr, esc_row, t12.esc_col, t12.esc_bits)  # read only by the esc_after variant
     out = torch.zeros(bm, n, device=dev)
     words = torch.zeros(n, 8, device=dev, dtype=torch.int32)
     launch = dict(num_warps=4, num_stages=3)
@@ -254,13 +234,10 @@ def main() -> None:
         "bf16": (2 * n * k, lambda: k_bf16[grid](a, w, out, n, K=k, BM=bm, BN=bn, BK=bk, **launch)),
         "bf16_cat": (2 * n * k, lambda: k_bf16_cat[grid](a, w, out, n, K=k, BM=bm, BN=bn, BK=bk, **launch)),
         "words": (tw.records.numel(), lambda: k_words[grid](tw.records, words, n, K=k, BN=bn, BK=bk, **launch)),
-        "ptx_halves": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, out, n, K=k, BM=bm, BN=bn, BK=bk,
-                                                        CAT=False, **launch)),
-        "ptx_cat": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, out, n, K=k, BM=bm, BN=bn, BK=bk,
-                                                     CAT=True, **launch)),
+        "ptx_halves": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, *esc, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=False, ESC=False, **launch)),
+        "ptx_cat": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, *esc, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=True, ESC=False, **launch)),
         "esc_after": (tw.records.numel() + t12.nbytes() - t12.records.numel(),
-                      lambda: k_esc_after[grid](a, tw.records, tw.exps, t12.esc_ptr, esc_row, t12.esc_col, t12.esc_bits,
-                                                out, n, K=k, BM=bm, BN=bn, BK=bk, **launch)),
+                      lambda: k_ptx[grid](a, tw.records, tw.exps, *esc, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=True, ESC=True, **launch)),
         "full": (tw.nbytes(), lambda: k_full[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk, ASM=True,
                                                    **launch)),
         "full_triton": (tw.nbytes(), lambda: k_full[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk,

@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .tile_kernels import _pairs_to_bf16  # the same pairs -> bf16 step as the fused kernels' tiles
+
 _VALID = """
     and.b32 t, $2, 0x7F7F7F7F;
     add.u32 t, t, 0x7F7F7F7F;
@@ -70,18 +72,6 @@ ASM_Q = tl.constexpr(
     + _MUX
     + "}"
 )
-
-
-@triton.jit
-def _pairs_to_bf16(a0, a1):
-    """Two int32 tensors [BN, 8] of bf16 pairs (k, k+1), (k+2, k+3) -> bf16 [BN, 32] in k order."""
-    lo0 = a0.to(tl.int16).to(tl.bfloat16, bitcast=True)  # int32 -> int16 keeps the low half
-    hi0 = (a0 >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    lo1 = a1.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    hi1 = (a1 >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    # [BN, 8, 2 (pair), 2 (half)]: element [j, p, h] is column 4j + 2p + h, the row-major order
-    w = tl.join(tl.join(lo0, lo1), tl.join(hi0, hi1))
-    return tl.reshape(w, (w.shape[0], w.shape[1] * 4))
 
 
 @triton.jit
