@@ -6,6 +6,7 @@ activations, like refspec's per-phase kernels), step by step from bf16 to the fu
 Each variant: grid N / BN programs, each looping over K in BK steps (BN 32, BK 128, 4 warps, 3
 stages: stock's READ_BOUND tiles), timed with triton.testing.do_bench_cudagraph (median ms).
 - bf16:        stock: load the bf16 tile, dot (reads 16 bits a weight)
+- bf16_s1:     bf16 without software pipelining (one stage: loads straight to registers)
 - bf16_cat:    the same tile loaded as [BN, 32] halves and concatenated (the W12 tile's shape path)
 - words:       load each record's three 4 KB chunks as int32 words, xor them into the output: the
                access pattern's read speed, no rebuild, no dot
@@ -17,7 +18,12 @@ stages: stock's READ_BOUND tiles), timed with triton.testing.do_bench_cudagraph 
 - flat:        the tile in a plain load's index space (k_flat), to see whether the dot then keeps bf16's bits
 `outputs_unlike_bf16` counts the fp32 outputs whose bits differ from the bf16 kernel's.
 - full_triton: the same with the plain-Triton rebuild
+- gemm:        kernels/w12's W12 GEMM (w12_matmul, its fixed config for 16 rows; escape lists)
+- cublas:      torch's a @ wᵀ in bf16
 GB/s counts the bytes each variant's matrix occupies (bf16: 2 N K; W12: TileWeight.nbytes()).
+Each Triton variant also reports its tensor-core instructions (wgmma / mma.sync in the PTX),
+registers and spills: where two variants' outputs differ in bits, this says whether the dot was
+lowered differently.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specpilot.kernels.w12 import encode  # noqa: E402
+from specpilot.kernels.w12 import encode, w12_matmul  # noqa: E402
 from specpilot.kernels.w12.tile_kernels import (  # noqa: E402
     ASM_HI,
     ASM_LO,
@@ -232,6 +238,7 @@ def main() -> None:
     grid = (n // bn,)
     runs = {
         "bf16": (2 * n * k, lambda: k_bf16[grid](a, w, out, n, K=k, BM=bm, BN=bn, BK=bk, **launch)),
+        "bf16_s1": (2 * n * k, lambda: k_bf16[grid](a, w, out, n, K=k, BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=1)),
         "bf16_cat": (2 * n * k, lambda: k_bf16_cat[grid](a, w, out, n, K=k, BM=bm, BN=bn, BK=bk, **launch)),
         "words": (tw.records.numel(), lambda: k_words[grid](tw.records, words, n, K=k, BN=bn, BK=bk, **launch)),
         "ptx_halves": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, *esc, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=False, ESC=False, **launch)),
@@ -244,6 +251,8 @@ def main() -> None:
                                                           ASM=False, **launch)),
         "flat": (tw.nbytes(), lambda: k_flat[grid](a, tw.records, tw.exps, tw.pinfo, tw.pidx, tw.patch, out, n, K=k,
                                                    BM=bm, BN=bn, BK=bk, **launch)),
+        "gemm": (t12.nbytes(), lambda: out.copy_(w12_matmul(a, t12, out_dtype=torch.float32))),
+        "cublas": (2 * n * k, lambda: out.copy_(a @ w.t())),
     }  # fmt: skip
     name = torch.cuda.get_device_name(0)
     peak = next((v for key, v in PEAK.items() if key in name), None)
@@ -253,14 +262,19 @@ def main() -> None:
     ref = None
     for key, (nbytes, fn) in runs.items():
         try:
-            fn()
+            kern = fn()
             torch.cuda.synchronize()
+            lowered = {}
+            if hasattr(kern, "asm"):
+                ptx = kern.asm["ptx"]
+                lowered = {"wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync"),
+                           "regs": getattr(kern, "n_regs", None), "spills": getattr(kern, "n_spills", None)}  # fmt: skip
             if key == "bf16":
                 ref = out.clone()
             diff = None if key == "words" else int((out != ref).sum())
             ms = triton.testing.do_bench_cudagraph(fn, rep=200)
             res["variants"][key] = {"ms": ms, "gb_s": nbytes / ms / 1e6, "of_peak": nbytes / ms / 1e-3 / peak if peak else None,
-                                    "outputs_unlike_bf16": diff,
+                                    "outputs_unlike_bf16": diff, "lowered": lowered,
                                     "max_rel_diff": None if not diff else float(((out - ref).abs() / ref.abs().clamp_min(1e-30)).max())}  # fmt: skip
         except Exception as e:
             res["variants"][key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
