@@ -57,8 +57,11 @@ def main() -> None:
     ap.add_argument(
         "--profile", action="store_true", help="also each kernel's device µs a one-row pass (eager)"
     )
+    ap.add_argument("--variants", default="[]",
+                    help='JSON list of W12 tile overrides to time too, e.g. [{"GATE_UP": {"BN": 16}}]')  # fmt: skip
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    variants = json.loads(args.variants)
 
     from tests.refspec.tree_entry import checkout_entry
 
@@ -82,6 +85,7 @@ def main() -> None:
     bf16_layers = model.layers
     kv = 2 * a.layers * 2 * a.kv_heads * a.head_dim * args.context
     stock_bytes = 2 * sum(t.numel() for layer in model.layers for t in layer) + 2 * model.head.numel() + kv
+    stock_cfg = model.cfg
     t1 = time.perf_counter()
     w12.setup(engine, w12.Knobs(enabled=True))
     setup_s = time.perf_counter() - t1
@@ -90,10 +94,14 @@ def main() -> None:
         (t.nbytes() if isinstance(t, TileWeight) else 2 * t.numel())
         for layer in model.layers for t in layer)  # fmt: skip
 
+    w12_cfg = model.cfg
+
     def use(kind: str) -> None:
         model.__class__ = CudaModel if kind == "stock" else W12CudaModel
         model.layers = bf16_layers if kind == "stock" else tiles["layers"]
-        model.w12_asm = kind == "w12"
+        model.w12_asm = kind != "w12_triton"
+        v = variants[int(kind[1:])] if kind.startswith("v") else {}
+        model.cfg = stock_cfg if kind == "stock" else {n: d | v.get(n, {}) for n, d in w12_cfg.items()}
         model.graphs.clear()
 
     name = torch.cuda.get_device_name(0)
@@ -101,11 +109,8 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(0, 49152, (args.context + 64,), generator=g).tolist()
     rows = [int(x) for x in args.rows.split(",")]
-    kinds = (
-        "stock",
-        "w12",
-        "w12_triton",
-    )  # w12_triton: the plain-Triton rebuild (same bits) in place of the PTX
+    # w12_triton: the plain-Triton rebuild (same bits) in place of the PTX; v<i>: W12 with variants[i]'s tiles
+    kinds = ("stock", "w12", "w12_triton", *(f"v{i}" for i in range(len(variants))))
     times: dict[str, dict[int, list[float]]] = {k: {r: [] for r in rows} for k in kinds}
     same = True
     for _ in range(args.rounds):
@@ -120,20 +125,21 @@ def main() -> None:
                 model.prefill(seq[: args.context], 0)
                 outs.append(model.verify(seq[args.context : args.context + r], list(range(args.context, args.context + r)),
                                          args.context, None))  # fmt: skip
-            same &= outs[0] == outs[1] == outs[2]
+            same &= all(o == outs[0] for o in outs)
     out = {"device": name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "model": args.model, "context": args.context, "load_s": load_s, "w12_setup_s": setup_s,
            "stock_bytes": stock_bytes, "w12_bytes": w12_bytes, "byte_ratio": w12_bytes / stock_bytes,
-           "argmax_equal": same, "rows": {}}  # fmt: skip
+           "argmax_equal": same, "variants": variants, "rows": {}}  # fmt: skip
     for r in rows:
         s, w = statistics.median(times["stock"][r]), statistics.median(times["w12"][r])
         out["rows"][r] = {"stock_ms": s, "w12_ms": w, "speedup": s / w, "stock_runs": times["stock"][r],
                           "w12_runs": times["w12"][r], "w12_triton_ms": statistics.median(times["w12_triton"][r]),
+                          "variants_ms": [statistics.median(times[f"v{i}"][r]) for i in range(len(variants))],
                           "stock_floor_ms": 1e3 * stock_bytes / peak if peak else None,
                           "w12_floor_ms": 1e3 * w12_bytes / peak if peak else None}  # fmt: skip
         print(r, json.dumps(out["rows"][r]), flush=True)
     if args.profile:
-        out["kernels_us"] = {kind: profile_pass(model, use, kind, seq, args.context) for kind in kinds}
+        out["kernels_us"] = {kind: profile_pass(model, use, kind, seq, args.context) for kind in kinds[:2]}
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}), flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

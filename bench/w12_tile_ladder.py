@@ -14,10 +14,10 @@ stages: stock's READ_BOUND tiles), timed with triton.testing.do_bench_cudagraph 
 - ptx_cat:     + the PTX rebuild, halves and records concatenated to [BN, BK], one dot (no patch rows)
 - esc_after:   ptx_cat, then the program's escapes added to the fp32 sums after the K loop (exact
                products in another order; bytes: records + the format's escape lists)
-- full:        tile_kernels.w12_tile (PTX, patch rows), one dot: what the refspec-w12 entry runs
-- flat:        the tile in a plain load's index space (k_flat), to see whether the dot then keeps bf16's bits
+- tile_esc:    tile_kernels.w12_tile (PTX), one dot a K step, then tile_kernels.w12_escapes: what the
+               refspec-w12 entry's kernels run (bytes: TileWeight.nbytes())
+- tile_esc_triton: the same with the plain-Triton rebuild
 `outputs_unlike_bf16` counts the fp32 outputs whose bits differ from the bf16 kernel's.
-- full_triton: the same with the plain-Triton rebuild
 - gemm:        kernels/w12's W12 GEMM (w12_matmul, its fixed config for 16 rows; escape lists)
 - cublas:      torch's a @ wᵀ in bf16
 GB/s counts the bytes each variant's matrix occupies (bf16: 2 N K; W12: TileWeight.nbytes()).
@@ -44,7 +44,7 @@ from specpilot.kernels.w12.tile_kernels import (  # noqa: E402
     _cat,
     _pairs_to_bf16,
     w12_base,
-    w12_bits,
+    w12_escapes,
     w12_tile,
 )
 from specpilot.kernels.w12.tiles import tile_weight  # noqa: E402
@@ -166,8 +166,8 @@ def k_ptx(a_ptr, rec_ptr, exp_ptr, esc_ptr, esc_row, esc_col, esc_bits, out_ptr,
 
 
 @triton.jit
-def k_full(a_ptr, rec_ptr, exp_ptr, pinfo_ptr, pidx_ptr, patch_ptr, out_ptr, N, K: tl.constexpr, BM: tl.constexpr,
-           BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+def k_tile_esc(a_ptr, rec_ptr, exp_ptr, esc_ptr, esc_row, esc_col, esc_bits, out_ptr, N, K: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
     nb = tl.program_id(0)
     n0 = nb * BN
     rows = tl.arange(0, BM)
@@ -176,42 +176,8 @@ def k_full(a_ptr, rec_ptr, exp_ptr, pinfo_ptr, pidx_ptr, patch_ptr, out_ptr, N, 
     for k0 in range(0, K, BK):
         ks = k0 + tl.arange(0, BK)
         a = tl.load(a_ptr + rows[:, None] * K + ks[None, :])
-        w = w12_tile(rec_ptr, pinfo_ptr, pidx_ptr, patch_ptr, base, n0, k0, K, BN, BK, ASM)
-        acc = tl.dot(a, tl.trans(w), acc)
-    tl.store(out_ptr + rows[:, None] * N + (n0 + tl.arange(0, BN))[None, :], acc)
-
-
-@triton.jit
-def k_flat(a_ptr, rec_ptr, exp_ptr, pinfo_ptr, pidx_ptr, patch_ptr, out_ptr, N, K: tl.constexpr, BM: tl.constexpr,
-           BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
-    """The W12 tile built in the [BN, BK] index space of a plain load (no join, permute or concat):
-    every byte gathered by its own offset, plain Triton rebuild, patch rows by a masked load."""
-    nb = tl.program_id(0)
-    n0 = nb * BN
-    KT: tl.constexpr = K // 64
-    r = n0 % 128 + tl.arange(0, BN)
-    rows = tl.arange(0, BM)
-    base = w12_base(exp_ptr, n0, N, BN)
-    acc = tl.zeros([BM, BN], tl.float32)
-    kk = tl.arange(0, BK)
-    for k0 in range(0, K, BK):
-        ks = k0 + kk
-        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :])
-        rec = ((n0 // 128) * KT + ks // 64).to(tl.int64)
-        kc = ks % 64
-        half = kc // 32
-        c = kc % 32
-        v = tl.load(rec_ptr + rec[None, :] * 12288 + half[None, :] * 4096 + r[:, None] * 32 + c[None, :]).to(
-            tl.int32
-        )
-        lo = tl.load(rec_ptr + rec[None, :] * 12288 + 8192 + r[:, None] * 32 + c[None, :]).to(tl.int32)
-        bits = w12_bits(v, (lo >> (half[None, :] * 4)) & 15, base[:, None])
-        li = tl.load(pidx_ptr + rec[None, :] * 128 + r[:, None])
-        has = li != 255
-        prow = tl.load(pinfo_ptr + rec * 2)[None, :] + li.to(tl.int32)
-        patch = tl.load(patch_ptr + prow.to(tl.int64) * 64 + kc[None, :], mask=has, other=0)
-        w = tl.where(has, patch, bits.to(tl.int16)).to(tl.bfloat16, bitcast=True)
-        acc = tl.dot(a, tl.trans(w), acc)
+        acc = tl.dot(a, tl.trans(w12_tile(rec_ptr, base, n0, k0, K, BN, BK, ASM)), acc)
+    acc = w12_escapes(acc, esc_ptr, esc_row, esc_col, esc_bits, n0, a_ptr, rows, rows >= 0, K)
     tl.store(out_ptr + rows[:, None] * N + (n0 + tl.arange(0, BN))[None, :], acc)
 
 
@@ -228,10 +194,8 @@ def main() -> None:
     w = (torch.randn(n, k, device=dev, generator=g) * scale).bfloat16()
     a = torch.randn(bm, k, device=dev, generator=g).bfloat16()
     tw = tile_weight(w)
-    t12 = encode(w)  # the per-channel escape lists (no raw rows here: tile_weight returned a copy)
-    esc_row = torch.repeat_interleave(torch.arange(n, device=dev, dtype=torch.int32),
-                                      (t12.esc_ptr[1:] - t12.esc_ptr[:-1]).long())  # fmt: skip
-    esc = (t12.esc_ptr, esc_row, t12.esc_col, t12.esc_bits)  # read only by the esc_after variant
+    t12 = encode(w)  # the W12 GEMM's tensor (no raw rows here: tile_weight returned a copy)
+    esc = (tw.esc_ptr, tw.esc_row, tw.esc_col, tw.esc_bits)
     out = torch.zeros(bm, n, device=dev)
     words = torch.zeros(n, 8, device=dev, dtype=torch.int32)
     launch = dict(num_warps=4, num_stages=3)
@@ -243,14 +207,10 @@ def main() -> None:
         "words": (tw.records.numel(), lambda: k_words[grid](tw.records, words, n, K=k, BN=bn, BK=bk, **launch)),
         "ptx_halves": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, *esc, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=False, ESC=False, **launch)),
         "ptx_cat": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, *esc, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=True, ESC=False, **launch)),
-        "esc_after": (tw.records.numel() + t12.nbytes() - t12.records.numel(),
+        "esc_after": (tw.nbytes(),
                       lambda: k_ptx[grid](a, tw.records, tw.exps, *esc, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=True, ESC=True, **launch)),
-        "full": (tw.nbytes(), lambda: k_full[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk, ASM=True,
-                                                   **launch)),
-        "full_triton": (tw.nbytes(), lambda: k_full[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk,
-                                                          ASM=False, **launch)),
-        "flat": (tw.nbytes(), lambda: k_flat[grid](a, tw.records, tw.exps, tw.pinfo, tw.pidx, tw.patch, out, n, K=k,
-                                                   BM=bm, BN=bn, BK=bk, **launch)),
+        "tile_esc": (tw.nbytes(), lambda: k_tile_esc[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk, ASM=True, **launch)),
+        "tile_esc_triton": (tw.nbytes(), lambda: k_tile_esc[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk, ASM=False, **launch)),
         "gemm": (t12.nbytes(), lambda: out.copy_(w12_matmul(a, t12, out_dtype=torch.float32))),
         "cublas": (2 * n * k, lambda: out.copy_(a @ w.t())),
     }  # fmt: skip
@@ -258,7 +218,7 @@ def main() -> None:
     peak = next((v for key, v in PEAK.items() if key in name), None)
     res = {"device": name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "n": n, "k": k,
            "tile": {"BM": bm, "BN": bn, "BK": bk, **launch}, "w12_bits_per_weight": 8 * tw.nbytes() / (n * k),
-           "patched_rows": int(tw.patch.shape[0]), "variants": {}}  # fmt: skip
+           "escapes": tw.escapes, "variants": {}}  # fmt: skip
     ref = None
     for key, (nbytes, fn) in runs.items():
         try:

@@ -1,4 +1,4 @@
-"""Triton side of W12 weight tiles (tiles.py says what a tile is and how the escapes are held).
+"""Triton side of W12 weight tiles (tiles.py says what a tile is and how escapes are added).
 
 Two rebuilds give the same bits. USE_ASM (the GPU's): the record's bytes are read as int32 words
 (four weights each) and rebuilt by inline PTX, two bf16 per 32-bit register:
@@ -78,10 +78,8 @@ def _cat(a, b):
 
 
 @triton.jit
-def _record(rec_ptr, pinfo_ptr, pidx_ptr, patch_ptr, base, r0, band, kr, KT: tl.constexpr, BN: tl.constexpr,
-            USE_ASM: tl.constexpr):  # fmt: skip
-    """bf16 [BN, 64]: local rows r0 .. r0 + BN - 1 of record (band, kr), patched rows taken whole;
-    zeros past KT."""
+def _record(rec_ptr, base, r0, band, kr, KT: tl.constexpr, BN: tl.constexpr, USE_ASM: tl.constexpr):
+    """bf16 [BN, 64]: local rows r0 .. r0 + BN - 1 of record (band, kr) (escaped slots +0); zeros past KT."""
     rec = band * KT + kr
     in_k = kr < KT
     r = r0 + tl.arange(0, BN)
@@ -108,32 +106,34 @@ def _record(rec_ptr, pinfo_ptr, pidx_ptr, patch_ptr, base, r0, band, kr, KT: tl.
         lo = tl.load(p + 8192, mask=live, other=0).to(tl.int32)
         w0 = w12_bits(v0, lo & 15, base[:, None]).to(tl.int16).to(tl.bfloat16, bitcast=True)
         w1 = w12_bits(v1, lo >> 4, base[:, None]).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    w = _cat(w0, w1)
-    info = pinfo_ptr + rec.to(tl.int64) * 2
-    GROUPS: tl.constexpr = (1 << (BN // 16)) - 1  # this tile's 16-row groups, from group r0 / 16
-    if (tl.load(info + 1, mask=in_k, other=0) >> (r0 // 16)) & GROUPS != 0:  # a patched row is here
-        li = tl.load(pidx_ptr + rec.to(tl.int64) * 128 + r)
-        has = li != 255
-        row = tl.load(info) + li.to(tl.int32)
-        c64 = tl.arange(0, 64)
-        patch = tl.load(patch_ptr + row.to(tl.int64)[:, None] * 64 + c64[None, :], mask=has[:, None], other=0)
-        w = tl.where(has[:, None], patch.to(tl.bfloat16, bitcast=True), w)
-    return w
+    return _cat(w0, w1)
 
 
 @triton.jit
-def w12_tile(rec_ptr, pinfo_ptr, pidx_ptr, patch_ptr, base, n0, k0, K: tl.constexpr, BN: tl.constexpr,
-             BK: tl.constexpr, USE_ASM: tl.constexpr = True):  # fmt: skip
-    """The bf16 tile W[n0 : n0 + BN, k0 : k0 + BK] of a [N, K] matrix (zeros past its edges), from
-    its TileWeight parts; base = w12_base(exps, n0, N, BN). BN | 128, n0 % BN == 0, BK 64 or 128."""
+def w12_tile(
+    rec_ptr, base, n0, k0, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_ASM: tl.constexpr = True
+):
+    """The bf16 tile W[n0 : n0 + BN, k0 : k0 + BK] of a [N, K] matrix, escaped slots +0 (zeros past
+    its edges); base = w12_base(exps, n0, N, BN). BN | 128, n0 % BN == 0, BK 64 or 128."""
     tl.static_assert(128 % BN == 0 and BN >= 16, "W12 tiles: BN must divide 128 (16 at least)")
     tl.static_assert(BK == 64 or BK == 128, "W12 tiles: BK must be 64 or 128")
     KT: tl.constexpr = (K + 63) // 64
     r0 = n0 % 128
     band = n0 // 128
-    w = _record(rec_ptr, pinfo_ptr, pidx_ptr, patch_ptr, base, r0, band, k0 // 64, KT, BN, USE_ASM)
+    w = _record(rec_ptr, base, r0, band, k0 // 64, KT, BN, USE_ASM)
     if BK == 128:
-        w = _cat(
-            w, _record(rec_ptr, pinfo_ptr, pidx_ptr, patch_ptr, base, r0, band, k0 // 64 + 1, KT, BN, USE_ASM)
-        )
+        w = _cat(w, _record(rec_ptr, base, r0, band, k0 // 64 + 1, KT, BN, USE_ASM))
     return w
+
+
+@triton.jit
+def w12_escapes(acc, esc_ptr, esc_row, esc_col, esc_bits, n0, a_ptr, rows, rmask, K: tl.constexpr):
+    """acc [BM, BN], the fp32 sums of channels n0 .. n0 + BN - 1 over their tiles, plus each of their
+    escapes' exact products a[row, col] · w[n, col] (a: bf16, row stride K), in list order."""
+    cn = tl.arange(0, acc.shape[1])
+    for e in range(tl.load(esc_ptr + n0), tl.load(esc_ptr + n0 + acc.shape[1])):
+        col = tl.load(esc_col + e)
+        av = tl.load(a_ptr + rows * K + col, mask=rmask, other=0.0).to(tl.float32)
+        wv = tl.load(esc_bits + e).to(tl.bfloat16, bitcast=True).to(tl.float32)
+        acc += tl.where(cn[None, :] == tl.load(esc_row + e) - n0, av[:, None] * wv, 0.0)
+    return acc

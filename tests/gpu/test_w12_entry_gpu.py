@@ -1,13 +1,15 @@
-"""The refspec-w12 entry on refspec's CUDA path: W12 tiles are the bf16 tiles bit for bit (both
-rebuilds); a pass that reads W12 records is stock's up to the order of its fp32 sums.
+"""The refspec-w12 entry on refspec's CUDA path: W12 tiles are the bf16 tiles bit for bit, escaped
+slots +0 (both rebuilds), the escapes added after the K loop; a pass that reads W12 records is
+stock's up to the order of its fp32 sums.
 
-Not bit for bit: stock's dot reads its weight tile from a (pipelined) load, W12's from registers,
-and Triton lowers the two to tensor-core sequences that sum in another order. Measured
-(bench/w12_tile_ladder.py, H100): bf16 weights routed through registers differ from the loaded
-kernel's fp32 sums in the same 514,323 of 557,056 outputs as W12's tiles do, so the tiles are exact
-and the difference is the dot's. Hence here: hidden states and K/V within bf16 rounding of stock's,
-the argmax equal wherever stock's top two logits are not near-tied, the PTX and plain-Triton
-rebuilds bit for bit the same pass, and W12's own spec decoding equal to its AR.
+Not bit for bit: the escapes' products are added after the tile's dot, and even with every weight
+in the tile, stock's dot reads its tile from a (pipelined) load and W12's from registers, which
+Triton lowers to tensor-core sequences that sum in another order (bench/w12_tile_ladder.py, H100:
+bf16 weights routed through registers differ from the loaded kernel's fp32 sums in 514,323 of
+557,056 outputs). Hence here: a GEMV within fp32 summation error of the exact sum, hidden states and
+K/V within bf16 rounding of stock's, the argmax equal wherever stock's top two logits are not
+near-tied, the PTX and plain-Triton rebuilds bit for bit the same pass, and W12's own spec decoding
+equal to its AR.
 
 The target is wide-h200's synthetic model cut to two layers and a 4096-token vocabulary (drawn on
 the GPU): its layers are read-bound, so stock runs the per-phase kernels the entry replaces.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specpilot.kernels.w12.tiles import tile_weight
+from specpilot.kernels.w12.tiles import tile_bits, tile_weight, with_escapes
 
 from ..kernels.w12_data import trained_like, with_specials
 from ..refspec.tree_entry import checkout_entry, engine_for, import_tree
@@ -35,34 +37,79 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int16)
 
 
+def _specials(n: int, k: int) -> torch.Tensor:
+    w = with_specials(trained_like(n, k, seed=n + k), seed=1)
+    w[0, :4] = torch.tensor([0.0, -0.0, 1e-39, -3e-20])
+    return w.to(CUDA)
+
+
 @pytest.mark.parametrize("asm", [True, False], ids=["ptx", "triton"])
 @pytest.mark.parametrize(("bn", "bk"), [(16, 64), (32, 128), (128, 128), (128, 64)])
 @pytest.mark.parametrize(("n", "k"), [(384, 512), (300, 320)])
 def test_triton_tiles_are_the_bf16_tiles(n, k, bn, bk, asm):
-    """Zeros of both signs, denormals, inf, NaN payloads, far outliers, ragged edges; both rebuilds."""
+    """Zeros of both signs, denormals, inf, NaN payloads, far outliers, ragged edges; both rebuilds:
+    every tile is tile_bits' (escaped slots +0), and with the escapes put back, the matrix."""
     import triton
     import triton.language as tl
 
     from specpilot.kernels.w12.tile_kernels import w12_base, w12_tile
 
     @triton.jit
-    def rebuild(rec, exps, pinfo, pidx, patch, out, N, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+    def rebuild(rec, exps, out, N, K: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                ASM: tl.constexpr):  # fmt: skip
         n0, k0 = tl.program_id(0) * BN, tl.program_id(1) * BK
-        w = w12_tile(rec, pinfo, pidx, patch, w12_base(exps, n0, N, BN), n0, k0, K, BN, BK, ASM)
+        w = w12_tile(rec, w12_base(exps, n0, N, BN), n0, k0, K, BN, BK, ASM)
         rows, cols = n0 + tl.arange(0, BN), k0 + tl.arange(0, BK)
         tl.store(out + rows[:, None] * KP + cols[None, :], w)
 
-    w = with_specials(trained_like(n, k, seed=n + k), seed=1)
-    w[0, :4] = torch.tensor([0.0, -0.0, 1e-39, -3e-20])
-    w = w.to(CUDA)
+    w = _specials(n, k)
     tw = tile_weight(w)
-    assert tw is not None and bool((tw.pidx != 255).any())
+    assert tw is not None and tw.escapes > 0
     np_, kp = triton.cdiv(n, bn) * bn, triton.cdiv(k, bk) * bk
     out = torch.full((np_, kp), 7.0, dtype=torch.bfloat16, device=CUDA)
-    rebuild[(np_ // bn, kp // bk)](*tw.parts(), out, n, K=k, KP=kp, BN=bn, BK=bk, ASM=asm)
-    assert torch.equal(_bits(out[:n, :k]), _bits(w))
+    rebuild[(np_ // bn, kp // bk)](tw.records, tw.exps, out, n, K=k, KP=kp, BN=bn, BK=bk, ASM=asm)
+    assert torch.equal(_bits(out[:n, :k]), _bits(tile_bits(tw)))
+    assert torch.equal(_bits(with_escapes(tw, out[:n, :k])), _bits(w))
     assert not bool(out[n:].float().any()) and not bool(out[:, k:].float().any()), "padding is zero"
+
+
+@pytest.mark.parametrize(("n", "k", "bn", "bk"), [(384, 512, 32, 128), (300, 320, 16, 64)])
+def test_a_gemv_with_escapes_is_the_exact_sum(n, k, bn, bk):
+    """Tile dots plus escapes after the K loop (the entry's kernels' way), 16 rows of activations:
+    within fp32 summation error of the exact sum on finite outputs; inf and NaN where torch's fp32
+    product of the same bf16 operands has them."""
+    import triton
+    import triton.language as tl
+
+    from specpilot.kernels.w12.tile_kernels import w12_base, w12_escapes, w12_tile
+
+    @triton.jit
+    def gemv(a_ptr, rec, exps, ep, er, ec, eb, out, N, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        n0 = tl.program_id(0) * BN
+        rows = tl.arange(0, 16)
+        base = w12_base(exps, n0, N, BN)
+        acc = tl.zeros([16, BN], tl.float32)
+        for k0 in range(0, K, BK):
+            ks = k0 + tl.arange(0, BK)
+            a = tl.load(a_ptr + rows[:, None] * K + ks[None, :], mask=(ks < K)[None, :], other=0.0)
+            acc = tl.dot(a, tl.trans(w12_tile(rec, base, n0, k0, K, BN, BK)), acc)
+        acc = w12_escapes(acc, ep, er, ec, eb, n0, a_ptr, rows, rows >= 0, K)
+        cols = n0 + tl.arange(0, BN)
+        tl.store(out + rows[:, None] * N + cols[None, :], acc, mask=(cols < N)[None, :])
+
+    w = _specials(n, k)
+    tw = tile_weight(w)
+    a = torch.randn(16, k, device=CUDA, generator=torch.Generator(device=CUDA).manual_seed(n)).bfloat16()
+    out = torch.zeros(16, n, device=CUDA)
+    gemv[(triton.cdiv(n, bn),)](a, *tw.parts(), out, n, K=k, BN=bn, BK=bk)
+    want = a.float() @ w.float().T  # inf and NaN as an fp32 product of the same operands has them
+    fin = torch.isfinite(want)
+    assert torch.equal(fin, torch.isfinite(out)) and torch.equal(torch.isnan(want), torch.isnan(out))
+    wf = torch.where(torch.isfinite(w), w, 0).double()
+    exact = (a.double() @ wf.T)[fin]
+    bound = (a.double().abs() @ wf.abs().T)[fin] * k * 2.0**-23
+    assert bool(((out.double()[fin] - exact).abs() <= bound + 1e-40).all())
+    assert tw.escapes > 0 and bool((out[fin] != 0).any())
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +161,7 @@ def test_every_matrix_reads_records(models):
         sum(layer[j].numel() * 2 for layer in stock.model.layers for j in (1, 2, 4, 5))
         + stock.model.head.numel() * 2
     )
-    assert 0.75 < w / b < 0.78, w / b  # 12 bits + pidx 0.125 + patch rows
+    assert 0.75 < w / b < 0.76, w / b  # 12 bits + the escape lists and their CSR
 
 
 def _pass(model, tokens, start, mask=None):
@@ -178,6 +225,8 @@ def test_specials_and_huge_activations(pkg):
         o[5, :9] = torch.tensor([0.0, -0.0, 1e-39, -3e-39, float("inf"), 1e4, -3e-20, 2.0, float("nan")]).to(
             o
         )
+        for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.gate_proj.weight"):
+            state[name][7, 100:103] = torch.tensor([3e3, -3e-20, 1e-39]).to(o)  # escapes of normed kernels
         state["model.embed_tokens.weight"][11] *= 2.0**120
 
     stock, model = _models(pkg, tweak)

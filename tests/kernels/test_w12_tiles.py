@@ -1,8 +1,9 @@
-"""W12 weight tiles (kernels/w12/tiles.py): the kernels' copy of a matrix rebuilds it bit for bit.
+"""W12 weight tiles (kernels/w12/tiles.py): the kernels' copy of a matrix holds it exactly.
 
-`tile_bits` is the fused kernels' arithmetic in torch (exact exponents, reserved codes as signed
-zeros, the record rows that hold escapes taken whole from the patch rows); the GPU test (tests/gpu/test_w12_entry_gpu.py) checks the
-Triton tiles against it and the W12 pass against stock's, bit for bit.
+`tile_bits` is the fused kernels' tile arithmetic in torch (exact exponents, reserved codes as
+signed zeros, escaped slots +0); `with_escapes` puts the escape lists back. The GPU tests
+(tests/gpu/test_w12_entry_gpu.py) hold the Triton tiles to tile_bits and a tile-plus-escapes
+GEMV to the exact sum.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specpilot.kernels.w12.tiles import TileWeight, check_tile, tile_bits, tile_weight
+from specpilot.kernels.w12.tiles import TileWeight, check_tile, tile_bits, tile_weight, with_escapes
 
 from .w12_data import random_bits, trained_like, with_specials
 
@@ -20,39 +21,61 @@ def _bits(w: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("n", "k", "seed"), [(128, 64, 0), (230, 250, 1), (300, 1000, 2), (250, 640, 3)])
-def test_tiles_rebuild_every_weight(n, k, seed):
+def test_tiles_and_escapes_rebuild_every_weight(n, k, seed):
     """Ragged edges, zeros of both signs, denormals, inf, NaN payloads and far outliers."""
     w = with_specials(trained_like(n, k, seed=seed), seed=seed)
     w[0, :3] = torch.tensor([0.0, -0.0, 1e-39])
     tw = tile_weight(w)
-    assert isinstance(tw, TileWeight) and tw.patch.shape[0] > 0
-    assert torch.equal(_bits(tile_bits(tw)), _bits(w))
-    # each record's patch rows are numbered from its pbase, in row order
-    for i in range(tw.pidx.shape[0]):
-        local = tw.pidx[i][tw.pidx[i] != 255].long()
-        assert local.tolist() == list(range(local.numel()))
-        assert i + 1 == tw.pidx.shape[0] or int(tw.pinfo[i + 1, 0]) == int(tw.pinfo[i, 0]) + local.numel()
+    assert isinstance(tw, TileWeight) and tw.escapes > 0
+    tile = tile_bits(tw)
+    e = tw.escapes
+    rows, cols = tw.esc_row[:e].long(), tw.esc_col[:e].long()
+    assert not bool(_bits(tile)[rows, cols].any()), "an escaped slot is +0 in the tile"
+    keep = torch.ones_like(tile, dtype=torch.bool)
+    keep[rows, cols] = False
+    assert torch.equal(_bits(tile)[keep], _bits(w)[keep])
+    assert torch.equal(_bits(with_escapes(tw, tile)), _bits(w))
 
 
-def test_a_patch_row_is_the_record_row_whole():
+def test_the_escape_lists_are_a_csr_over_channels():
     w = trained_like(256, 128, seed=5)
-    w[3, 70] = -3e-20  # an escape: record (0, 1), row 3
-    w[130, 5] = float("-inf")  # record (1, 0), row 2
+    planted = [(3, 5, 1e-39), (3, 70, -3e-20), (130, 5, float("-inf"))]
+    for n, c, v in planted:
+        w[n, c] = v
     tw = tile_weight(w)
-    rec, row = 1, 3  # record index nt * KT + kt with KT = 2
-    at = int(tw.pinfo[rec, 0]) + int(tw.pidx[rec, row])
-    assert torch.equal(tw.patch[at], _bits(w[3, 64:128]))
-    at = int(tw.pinfo[2, 0]) + int(tw.pidx[2, 2])
-    assert torch.equal(tw.patch[at], _bits(w[130, :64]))
-    assert int(tw.pinfo[1, 1]) & 1 and int(tw.pinfo[2, 1]) & 1  # rows 3 and 2: group 0
-    assert torch.equal(_bits(tile_bits(tw)), _bits(w))
+    assert tw.esc_ptr.shape == (257,) and int(tw.esc_ptr[0]) == 0
+    rows, cols = tw.esc_row.tolist(), tw.esc_col.tolist()
+    for n in range(256):
+        lo, hi = int(tw.esc_ptr[n]), int(tw.esc_ptr[n + 1])
+        assert rows[lo:hi] == [n] * (hi - lo) and cols[lo:hi] == sorted(cols[lo:hi])
+    at = {(r, c): i for i, (r, c) in enumerate(zip(rows, cols, strict=True))}
+    for n, c, _ in planted:
+        assert int(tw.esc_bits[at[n, c]]) == int(_bits(w)[n, c])
 
 
-def test_no_escape_no_patch_rows():
+def test_channels_past_n_have_no_escapes():
+    w = trained_like(200, 64, seed=9)
+    w[199, 1] = float("nan")
+    tw = tile_weight(w)
+    assert tw.esc_ptr.shape == (257,)  # two 128-row bands: a tile may ask for any channel below 256
+    assert bool((tw.esc_ptr[200:] == tw.escapes).all()) and int(tw.esc_ptr[200]) > int(tw.esc_ptr[199])
+
+
+def test_no_escape_one_unread_slot():
     w = torch.full((128, 64), 0.5, dtype=torch.bfloat16)
     tw = tile_weight(w)
-    assert bool((tw.pidx == 255).all()) and tw.patch.shape == (1, 64)  # one zero row: never read
+    assert tw.escapes == 0 and tw.esc_row.shape == (1,) and bool((tw.esc_ptr == 0).all())
     assert torch.equal(_bits(tile_bits(tw)), _bits(w))
+
+
+def test_a_record_slot_that_is_not_zero_where_an_escape_lands_is_refused():
+    w = trained_like(128, 64, seed=4)
+    w[2, 3] = 1e-39
+    tw = tile_weight(w)
+    tile = tile_bits(tw)
+    tile.view(torch.int16)[2, 3] = 1
+    with pytest.raises(ValueError, match="escaped slot"):
+        with_escapes(tw, tile)
 
 
 def test_a_matrix_with_raw_rows_has_no_tile_copy():
@@ -64,12 +87,10 @@ def test_a_matrix_with_raw_rows_has_no_tile_copy():
 def test_the_copy_costs_what_the_records_cost():
     w = trained_like(256, 512, seed=8)
     tw = tile_weight(w)
-    bits = 8 * tw.nbytes() / w.numel()  # records 12, pidx 0.125, patch rows 16 * 64 per escaped row
-    escaped_rows = tw.patch.shape[0]
-    assert bits == pytest.approx(
-        12 + 0.125 + (escaped_rows * 64 * 16 + 8 * 4 * tw.pinfo.numel() + 8 * 256) / w.numel()
-    )
-    assert bits < 12.4, bits
+    e = max(tw.escapes, 1)
+    bits = 8 * tw.nbytes() / w.numel()  # records 12, the CSR 4 B a channel, 10 B an escape
+    assert bits == pytest.approx(12 + 8 * (256 + 4 * (256 + 1) + 10 * e) / w.numel())
+    assert bits < 12.1, bits
 
 
 @pytest.mark.parametrize(("bn", "bk", "ok"), [(16, 64, True), (32, 128, True), (128, 128, True),
