@@ -12,8 +12,6 @@ stages: stock's READ_BOUND tiles), timed with triton.testing.do_bench_cudagraph 
                access pattern's read speed, no rebuild, no dot
 - ptx_halves:  + the PTX rebuild; two K=32 dots a record, no concatenation, no patch rows
 - ptx_cat:     + the PTX rebuild, halves and records concatenated to [BN, BK], one dot (no patch rows)
-- esc_after:   ptx_cat, then the program's escapes added to the fp32 sums after the K loop (exact
-               products in another order; bytes: records + the format's escape lists)
 - tile_esc:    tile_kernels.w12_tile (PTX), one dot a K step, then tile_kernels.w12_escapes: what the
                refspec-w12 entry's kernels run (bytes: TileWeight.nbytes())
 - tile_esc_triton: the same with the plain-Triton rebuild
@@ -124,11 +122,10 @@ def _halves(rec_ptr, base, r, rec):
 
 
 @triton.jit
-def k_ptx(a_ptr, rec_ptr, exp_ptr, esc_ptr, esc_row, esc_col, esc_bits, out_ptr, N, K: tl.constexpr,
-          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CAT: tl.constexpr, ESC: tl.constexpr):  # fmt: skip
-    """The PTX rebuild, escaped slots left zero (no patch rows): one dot a K step (CAT) or two K=32
-    dots a record; with ESC, the program's escapes (the format's per-channel lists) added to the fp32
-    sums after the K loop (exact products, another order: the paper's W12 GEMM's way)."""
+def k_ptx(a_ptr, rec_ptr, exp_ptr, out_ptr, N, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+          BK: tl.constexpr, CAT: tl.constexpr):  # fmt: skip
+    """The PTX rebuild, escaped slots left zero and escapes dropped: one dot a K step (CAT) or two
+    K=32 dots a record."""
     nb = tl.program_id(0)
     n0 = nb * BN
     KT: tl.constexpr = K // 64
@@ -156,12 +153,6 @@ def k_ptx(a_ptr, rec_ptr, exp_ptr, esc_ptr, esc_row, esc_col, esc_bits, out_ptr,
                 a1 = tl.load(a_ptr + rows[:, None] * K + 32 + ks[None, :])
                 acc = tl.dot(a0, tl.trans(w0), acc)
                 acc = tl.dot(a1, tl.trans(w1), acc)
-    if ESC:
-        for e in range(tl.load(esc_ptr + n0), tl.load(esc_ptr + n0 + BN)):
-            col = tl.load(esc_col + e).to(tl.int32)
-            wv = tl.load(esc_bits + e).to(tl.bfloat16, bitcast=True).to(tl.float32)
-            xv = tl.load(a_ptr + rows * K + col).to(tl.float32)
-            acc += tl.where(cn[None, :] == tl.load(esc_row + e) - n0, xv[:, None] * wv, 0.0)
     tl.store(out_ptr + rows[:, None] * N + (n0 + cn)[None, :], acc)
 
 
@@ -195,7 +186,6 @@ def main() -> None:
     a = torch.randn(bm, k, device=dev, generator=g).bfloat16()
     tw = tile_weight(w)
     t12 = encode(w)  # the W12 GEMM's tensor (no raw rows here: tile_weight returned a copy)
-    esc = (tw.esc_ptr, tw.esc_row, tw.esc_col, tw.esc_bits)
     out = torch.zeros(bm, n, device=dev)
     words = torch.zeros(n, 8, device=dev, dtype=torch.int32)
     launch = dict(num_warps=4, num_stages=3)
@@ -205,10 +195,8 @@ def main() -> None:
         "bf16_s1": (2 * n * k, lambda: k_bf16[grid](a, w, out, n, K=k, BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=1)),
         "bf16_cat": (2 * n * k, lambda: k_bf16_cat[grid](a, w, out, n, K=k, BM=bm, BN=bn, BK=bk, **launch)),
         "words": (tw.records.numel(), lambda: k_words[grid](tw.records, words, n, K=k, BN=bn, BK=bk, **launch)),
-        "ptx_halves": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, *esc, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=False, ESC=False, **launch)),
-        "ptx_cat": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, *esc, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=True, ESC=False, **launch)),
-        "esc_after": (tw.nbytes(),
-                      lambda: k_ptx[grid](a, tw.records, tw.exps, *esc, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=True, ESC=True, **launch)),
+        "ptx_halves": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=False, **launch)),
+        "ptx_cat": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=True, **launch)),
         "tile_esc": (tw.nbytes(), lambda: k_tile_esc[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk, ASM=True, **launch)),
         "tile_esc_triton": (tw.nbytes(), lambda: k_tile_esc[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk, ASM=False, **launch)),
         "gemm": (t12.nbytes(), lambda: out.copy_(w12_matmul(a, t12, out_dtype=torch.float32))),
