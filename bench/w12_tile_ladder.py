@@ -10,14 +10,14 @@ stages: stock's READ_BOUND tiles), timed with triton.testing.do_bench_cudagraph 
 - bf16_cat:    the same tile loaded as [BN, 32] halves and concatenated (the W12 tile's shape path)
 - words:       load each record's three 4 KB chunks as int32 words, xor them into the output: the
                access pattern's read speed, no rebuild, no dot
-- ptx_halves:  + the PTX rebuild; two K=32 dots a record, no concatenation, no patch rows
-- ptx_cat:     + the PTX rebuild, halves and records concatenated to [BN, BK], one dot (no patch rows)
+- ptx_halves:  + the PTX rebuild; two K=32 dots a record, no concatenation, escapes dropped
+- ptx_cat:     + the PTX rebuild, halves and records concatenated to [BN, BK], one dot, escapes dropped
 - tile_esc:    tile_kernels.w12_tile (PTX), one dot a K step, then tile_kernels.w12_escapes: what the
                refspec-w12 entry's kernels run (bytes: TileWeight.nbytes())
 - tile_esc_triton: the same with the plain-Triton rebuild
-`outputs_unlike_bf16` counts the fp32 outputs whose bits differ from the bf16 kernel's.
 - gemm:        kernels/w12's W12 GEMM (w12_matmul, its fixed config for 16 rows; escape lists)
 - cublas:      torch's a @ wᵀ in bf16
+`outputs_unlike_bf16` counts the fp32 outputs whose bits differ from the bf16 kernel's.
 GB/s counts the bytes each variant's matrix occupies (bf16: 2 N K; W12: TileWeight.nbytes()).
 Each Triton variant also reports its tensor-core instructions (wgmma / mma.sync in the PTX),
 registers and spills: where two variants' outputs differ in bits, this says whether the dot was
