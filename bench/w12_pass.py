@@ -58,7 +58,8 @@ def main() -> None:
         "--profile", action="store_true", help="also each kernel's device µs a one-row pass (eager)"
     )
     ap.add_argument("--variants", default="[]",
-                    help='JSON list of W12 tile overrides to time too, e.g. [{"GATE_UP": {"BN": 16}}]')  # fmt: skip
+                    help='JSON list of W12 tile overrides to time too, e.g. [{"GATE_UP": {"BK": 64}}] (not QKV BH or '
+                         "GATE_UP BN: the pair blocks are fixed at conversion)")  # fmt: skip
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     variants = json.loads(args.variants)
@@ -90,7 +91,8 @@ def main() -> None:
     w12.setup(engine, w12.Knobs(enabled=True))
     setup_s = time.perf_counter() - t1
     tiles = {"layers": model.layers, "head": model.head_w12}
-    w12_bytes = kv + model.head_w12.nbytes() + sum(
+    head_bytes = model.head_w12.nbytes() if model.head_w12 is not None else 2 * model.head.numel()
+    w12_bytes = kv + head_bytes + sum(
         (t.nbytes() if isinstance(t, TileWeight) else 2 * t.numel())
         for layer in model.layers for t in layer)  # fmt: skip
 

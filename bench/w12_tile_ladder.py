@@ -16,7 +16,8 @@ stages: stock's READ_BOUND tiles), timed with triton.testing.do_bench_cudagraph 
                refspec-w12 entry's kernels run (bytes: TileWeight.nbytes())
 - tile_esc_triton: the same with the plain-Triton rebuild
 - gemm:        kernels/w12's W12 GEMM (w12_matmul, its fixed config for 16 rows; escape lists)
-- cublas:      torch's a @ wᵀ in bf16
+- cublas:      torch's a @ wᵀ in bf16 (its time includes copying the bf16 output into the fp32 buffer;
+               its outputs are bf16-rounded, so they differ from the fp32 sums nearly everywhere)
 `outputs_unlike_bf16` counts the fp32 outputs whose bits differ from the bf16 kernel's.
 GB/s counts the bytes each variant's matrix occupies (bf16: 2 N K; W12: TileWeight.nbytes()).
 Each Triton variant also reports its tensor-core instructions (wgmma / mma.sync in the PTX),
@@ -195,8 +196,8 @@ def main() -> None:
         "bf16_s1": (2 * n * k, lambda: k_bf16[grid](a, w, out, n, K=k, BM=bm, BN=bn, BK=bk, num_warps=4, num_stages=1)),
         "bf16_cat": (2 * n * k, lambda: k_bf16_cat[grid](a, w, out, n, K=k, BM=bm, BN=bn, BK=bk, **launch)),
         "words": (tw.records.numel(), lambda: k_words[grid](tw.records, words, n, K=k, BN=bn, BK=bk, **launch)),
-        "ptx_halves": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=False, **launch)),
-        "ptx_cat": (tw.nbytes(), lambda: k_ptx[grid](a, tw.records, tw.exps, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=True, **launch)),
+        "ptx_halves": (tw.records.numel() + tw.exps.numel(), lambda: k_ptx[grid](a, tw.records, tw.exps, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=False, **launch)),
+        "ptx_cat": (tw.records.numel() + tw.exps.numel(), lambda: k_ptx[grid](a, tw.records, tw.exps, out, n, K=k, BM=bm, BN=bn, BK=bk, CAT=True, **launch)),
         "tile_esc": (tw.nbytes(), lambda: k_tile_esc[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk, ASM=True, **launch)),
         "tile_esc_triton": (tw.nbytes(), lambda: k_tile_esc[grid](a, *tw.parts(), out, n, K=k, BM=bm, BN=bn, BK=bk, ASM=False, **launch)),
         "gemm": (t12.nbytes(), lambda: out.copy_(w12_matmul(a, t12, out_dtype=torch.float32))),

@@ -10,12 +10,14 @@ lies in one 128-row band of records and covers BK / 64 whole records.
 
 Escapes are added after the K loop, the way the paper's W12 GEMM does: the program walks its
 channels' escape lists (esc_ptr, a CSR over channels; ~8 escapes in 10^5 weights of a trained-like
-matrix, ~13 for a 32-channel program of a 5120-wide layer) and adds each exact fp32 product
+matrix, ~12 for a 32-channel program of a 5120-wide layer) and adds each exact fp32 product
 x[:, col] * w[n, col] to channel n's fp32 sum. Nothing about escapes sits inside the K loop, so
 Triton pipelines it as it does stock's. Every weight is exact; the products are summed in another
 order than one bf16 dot's, so the outputs are not a bf16 kernel's bit for bit (nor would they be
 with every escape inside the tile: a dot fed from registers adds in another order than one fed
-from a load, bench/w12_tile_ladder.py).
+from a load, bench/w12_tile_ladder.py). One limit on non-finite activations: an escaped slot is
++0 in the tile, so an inf activation meets it as inf · 0 = NaN in the dot, where a bf16 GEMM
+would multiply the escaped weight itself; finite activations get the exact products.
 
 The kernels' part is tile_kernels.py (Triton, imported only where Triton is); this module is torch.
 `tile_weight` makes the kernels' copy of a matrix (the records and window exponents as the codec
@@ -114,8 +116,8 @@ def with_escapes(tw: TileWeight, tile: torch.Tensor) -> torch.Tensor:
 
 def check_tile(bn: int, bk: int) -> str | None:
     """Why a kernel tile of BN rows and BK columns cannot read W12 records, or None if it can."""
-    if TILE_N % bn:
-        return f"its row tile {bn} does not divide the records' {TILE_N} rows"
+    if TILE_N % bn or bn < 16:
+        return f"its row tile {bn} does not divide the records' {TILE_N} rows or is under 16 (a dot's least)"
     if bk not in TILE_BK:
         return f"its K tile {bk} is not one of {TILE_BK}"
     return None

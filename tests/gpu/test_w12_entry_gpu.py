@@ -73,35 +73,45 @@ def test_triton_tiles_are_the_bf16_tiles(n, k, bn, bk, asm):
     assert not bool(out[n:].float().any()) and not bool(out[:, k:].float().any()), "padding is zero"
 
 
-@pytest.mark.parametrize(("n", "k", "bn", "bk"), [(384, 512, 32, 128), (300, 320, 16, 64)])
-def test_a_gemv_with_escapes_is_the_exact_sum(n, k, bn, bk):
-    """Tile dots plus escapes after the K loop (the entry's kernels' way), 16 rows of activations:
-    within fp32 summation error of the exact sum on finite outputs; inf and NaN where torch's fp32
-    product of the same bf16 operands has them."""
+@pytest.mark.parametrize("live", [16, 5])
+@pytest.mark.parametrize(
+    ("n", "k", "bn", "bk"), [(384, 512, 32, 128), (300, 320, 16, 64), (256, 640, 128, 128)]
+)
+def test_a_gemv_with_escapes_is_the_exact_sum(n, k, bn, bk, live):
+    """Tile dots plus escapes after the K loop (the entry's kernels' way), 16 rows of activations of
+    which `live` are real: within fp32 summation error of the exact sum on finite outputs; inf and
+    NaN where torch's fp32 product of the same bf16 operands has them; rows past `live` not written."""
     import triton
     import triton.language as tl
 
     from specpilot.kernels.w12.tile_kernels import w12_base, w12_escapes, w12_tile
 
     @triton.jit
-    def gemv(a_ptr, rec, exps, ep, er, ec, eb, out, N, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    def gemv(
+        a_ptr, rec, exps, ep, er, ec, eb, out, N, R, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+    ):
         n0 = tl.program_id(0) * BN
         rows = tl.arange(0, 16)
+        rmask = rows < R
         base = w12_base(exps, n0, N, BN)
         acc = tl.zeros([16, BN], tl.float32)
         for k0 in range(0, K, BK):
             ks = k0 + tl.arange(0, BK)
-            a = tl.load(a_ptr + rows[:, None] * K + ks[None, :], mask=(ks < K)[None, :], other=0.0)
+            a = tl.load(
+                a_ptr + rows[:, None] * K + ks[None, :], mask=rmask[:, None] & (ks < K)[None, :], other=0.0
+            )
             acc = tl.dot(a, tl.trans(w12_tile(rec, base, n0, k0, K, BN, BK)), acc)
-        acc = w12_escapes(acc, ep, er, ec, eb, n0, a_ptr, rows, rows >= 0, K)
+        acc = w12_escapes(acc, ep, er, ec, eb, n0, a_ptr, rows, rmask, K)
         cols = n0 + tl.arange(0, BN)
-        tl.store(out + rows[:, None] * N + cols[None, :], acc, mask=(cols < N)[None, :])
+        tl.store(out + rows[:, None] * N + cols[None, :], acc, mask=rmask[:, None] & (cols < N)[None, :])
 
     w = _specials(n, k)
     tw = tile_weight(w)
     a = torch.randn(16, k, device=CUDA, generator=torch.Generator(device=CUDA).manual_seed(n)).bfloat16()
-    out = torch.zeros(16, n, device=CUDA)
-    gemv[(triton.cdiv(n, bn),)](a, *tw.parts(), out, n, K=k, BN=bn, BK=bk)
+    out = torch.full((16, n), 7.0, device=CUDA)
+    gemv[(triton.cdiv(n, bn),)](a, *tw.parts(), out, n, live, K=k, BN=bn, BK=bk)
+    assert bool((out[live:] == 7.0).all()), "rows past the live ones are not written"
+    a, out = a[:live], out[:live]
     want = a.float() @ w.float().T  # inf and NaN as an fp32 product of the same operands has them
     fin = torch.isfinite(want)
     assert torch.equal(fin, torch.isfinite(out)) and torch.equal(torch.isnan(want), torch.isnan(out))

@@ -93,7 +93,7 @@ def test_the_copy_costs_what_the_records_cost():
     assert bits < 12.1, bits
 
 
-@pytest.mark.parametrize(("bn", "bk", "ok"), [(16, 64, True), (32, 128, True), (128, 128, True),
+@pytest.mark.parametrize(("bn", "bk", "ok"), [(16, 64, True), (32, 128, True), (128, 128, True), (8, 64, False),
                                               (48, 64, False), (32, 96, False), (256, 64, False)])  # fmt: skip
 def test_which_kernel_tiles_can_read_records(bn, bk, ok):
     assert (check_tile(bn, bk) is None) == ok
