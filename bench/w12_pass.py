@@ -86,24 +86,23 @@ def main() -> None:
     bf16_layers = model.layers
     kv = 2 * a.layers * 2 * a.kv_heads * a.head_dim * args.context
     stock_bytes = 2 * sum(t.numel() for layer in model.layers for t in layer) + 2 * model.head.numel() + kv
-    stock_cfg = model.cfg
     t1 = time.perf_counter()
     w12.setup(engine, w12.Knobs(enabled=True))
     setup_s = time.perf_counter() - t1
-    tiles = {"layers": model.layers, "head": model.head_w12}
+    w12_layers = model.layers
     head_bytes = model.head_w12.nbytes() if model.head_w12 is not None else 2 * model.head.numel()
     w12_bytes = kv + head_bytes + sum(
         (t.nbytes() if isinstance(t, TileWeight) else 2 * t.numel())
         for layer in model.layers for t in layer)  # fmt: skip
 
-    w12_cfg = model.cfg
+    w12_cfg = model.w12_cfg
 
     def use(kind: str) -> None:
         model.__class__ = CudaModel if kind == "stock" else W12CudaModel
-        model.layers = bf16_layers if kind == "stock" else tiles["layers"]
+        model.layers = bf16_layers if kind == "stock" else w12_layers
         model.w12_asm = kind != "w12_triton"
         v = variants[int(kind[1:])] if kind.startswith("v") else {}
-        model.cfg = stock_cfg if kind == "stock" else {n: d | v.get(n, {}) for n, d in w12_cfg.items()}
+        model.w12_cfg = {n: d | v.get(n, {}) for n, d in w12_cfg.items()}  # (stock's kernels read model.cfg)
         model.graphs.clear()
 
     name = torch.cuda.get_device_name(0)

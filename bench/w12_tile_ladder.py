@@ -12,8 +12,9 @@ stages: stock's READ_BOUND tiles), timed with triton.testing.do_bench_cudagraph 
                access pattern's read speed, no rebuild, no dot
 - ptx_halves:  + the PTX rebuild; two K=32 dots a record, no concatenation, escapes dropped
 - ptx_cat:     + the PTX rebuild, halves and records concatenated to [BN, BK], one dot, escapes dropped
-- tile_esc:    tile_kernels.w12_tile (PTX), one dot a K step, then tile_kernels.w12_escapes: what the
-               refspec-w12 entry's kernels run (bytes: TileWeight.nbytes())
+- tile_esc:    tile_kernels.w12_gemv (w12_tile, PTX, one dot a K step, then w12_escapes): the
+               refspec-w12 entry's kernels' GEMV (bytes: TileWeight.nbytes()); the 2026-12-06 run
+               timed the same tile and escape steps with unmasked, cached activation loads
 - tile_esc_triton: the same with the plain-Triton rebuild
 - gemm:        kernels/w12's W12 GEMM (w12_matmul, its fixed config for 16 rows; escape lists)
 - cublas:      torch's a @ wᵀ in bf16 (its time includes copying the bf16 output into the fp32 buffer;
@@ -43,8 +44,7 @@ from specpilot.kernels.w12.tile_kernels import (  # noqa: E402
     _cat,
     _pairs_to_bf16,
     w12_base,
-    w12_escapes,
-    w12_tile,
+    w12_gemv,
 )
 from specpilot.kernels.w12.tiles import tile_weight  # noqa: E402
 
@@ -132,7 +132,6 @@ def k_ptx(a_ptr, rec_ptr, exp_ptr, out_ptr, N, K: tl.constexpr, BM: tl.constexpr
     KT: tl.constexpr = K // 64
     r = n0 % 128 + tl.arange(0, BN)
     rows = tl.arange(0, BM)
-    cn = tl.arange(0, BN)
     base = w12_base(exp_ptr, n0, N, BN)
     acc = tl.zeros([BM, BN], tl.float32)
     for k0 in range(0, K, BK):
@@ -154,22 +153,16 @@ def k_ptx(a_ptr, rec_ptr, exp_ptr, out_ptr, N, K: tl.constexpr, BM: tl.constexpr
                 a1 = tl.load(a_ptr + rows[:, None] * K + 32 + ks[None, :])
                 acc = tl.dot(a0, tl.trans(w0), acc)
                 acc = tl.dot(a1, tl.trans(w1), acc)
-    tl.store(out_ptr + rows[:, None] * N + (n0 + cn)[None, :], acc)
+    tl.store(out_ptr + rows[:, None] * N + (n0 + tl.arange(0, BN))[None, :], acc)
 
 
 @triton.jit
 def k_tile_esc(a_ptr, rec_ptr, exp_ptr, esc_ptr, esc_row, esc_col, esc_bits, out_ptr, N, K: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
-    nb = tl.program_id(0)
-    n0 = nb * BN
+    n0 = tl.program_id(0) * BN
     rows = tl.arange(0, BM)
-    base = w12_base(exp_ptr, n0, N, BN)
-    acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, K, BK):
-        ks = k0 + tl.arange(0, BK)
-        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :])
-        acc = tl.dot(a, tl.trans(w12_tile(rec_ptr, base, n0, k0, K, BN, BK, ASM)), acc)
-    acc = w12_escapes(acc, esc_ptr, esc_row, esc_col, esc_bits, n0, a_ptr, rows, rows >= 0, K)
+    acc = w12_gemv(a_ptr, rec_ptr, exp_ptr, esc_ptr, esc_row, esc_col, esc_bits, n0, N, rows, rows >= 0, K, BM, BN,
+                   BK, ASM)  # fmt: skip
     tl.store(out_ptr + rows[:, None] * N + (n0 + tl.arange(0, BN))[None, :], acc)
 
 

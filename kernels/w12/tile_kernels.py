@@ -137,3 +137,19 @@ def w12_escapes(acc, esc_ptr, esc_row, esc_col, esc_bits, n0, a_ptr, rows, rmask
         wv = tl.load(esc_bits + e).to(tl.bfloat16, bitcast=True).to(tl.float32)
         acc += tl.where(cn[None, :] == tl.load(esc_row + e) - n0, av[:, None] * wv, 0.0)
     return acc
+
+
+@triton.jit
+def w12_gemv(a_ptr, rec_ptr, exp_ptr, esc_ptr, esc_row, esc_col, esc_bits, n0, N, rows, rmask, K: tl.constexpr,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_ASM: tl.constexpr = True):  # fmt: skip
+    """fp32 [BM, BN]: a[rows] · W[n0 : n0 + BN]ᵀ of a [N, K] matrix from its TileWeight parts: a
+    w12_tile dot a K step (a: bf16 [rows, K], row stride K, rows outside rmask read as 0), then
+    w12_escapes. The refspec-w12 entry's kernels' GEMV."""
+    base = w12_base(exp_ptr, n0, N, BN)
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, K, BK):
+        ks = k0 + tl.arange(0, BK)
+        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :], mask=rmask[:, None] & (ks < K)[None, :], other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
+        acc = tl.dot(a, tl.trans(w12_tile(rec_ptr, base, n0, k0, K, BN, BK, USE_ASM)), acc)
+    return w12_escapes(acc, esc_ptr, esc_row, esc_col, esc_bits, n0, a_ptr, rows, rmask, K)

@@ -78,13 +78,13 @@ def test_triton_tiles_are_the_bf16_tiles(n, k, bn, bk, asm):
     ("n", "k", "bn", "bk"), [(384, 512, 32, 128), (300, 320, 16, 64), (256, 640, 128, 128)]
 )
 def test_a_gemv_with_escapes_is_the_exact_sum(n, k, bn, bk, live):
-    """Tile dots plus escapes after the K loop (the entry's kernels' way), 16 rows of activations of
-    which `live` are real: within fp32 summation error of the exact sum on finite outputs; inf and
-    NaN where torch's fp32 product of the same bf16 operands has them; rows past `live` not written."""
+    """tile_kernels.w12_gemv (the entry's kernels' GEMV: tile dots, escapes after the K loop) on 16
+    rows of activations of which `live` are real: within fp32 summation error of the exact sum on
+    finite outputs; inf and NaN where torch's fp32 product of the same bf16 operands has them."""
     import triton
     import triton.language as tl
 
-    from specpilot.kernels.w12.tile_kernels import w12_base, w12_escapes, w12_tile
+    from specpilot.kernels.w12.tile_kernels import w12_gemv
 
     @triton.jit
     def gemv(
@@ -93,15 +93,7 @@ def test_a_gemv_with_escapes_is_the_exact_sum(n, k, bn, bk, live):
         n0 = tl.program_id(0) * BN
         rows = tl.arange(0, 16)
         rmask = rows < R
-        base = w12_base(exps, n0, N, BN)
-        acc = tl.zeros([16, BN], tl.float32)
-        for k0 in range(0, K, BK):
-            ks = k0 + tl.arange(0, BK)
-            a = tl.load(
-                a_ptr + rows[:, None] * K + ks[None, :], mask=rmask[:, None] & (ks < K)[None, :], other=0.0
-            )
-            acc = tl.dot(a, tl.trans(w12_tile(rec, base, n0, k0, K, BN, BK)), acc)
-        acc = w12_escapes(acc, ep, er, ec, eb, n0, a_ptr, rows, rmask, K)
+        acc = w12_gemv(a_ptr, rec, exps, ep, er, ec, eb, n0, N, rows, rmask, K, 16, BN, BK)
         cols = n0 + tl.arange(0, BN)
         tl.store(out + rows[:, None] * N + cols[None, :], acc, mask=rmask[:, None] & (cols < N)[None, :])
 
