@@ -93,7 +93,14 @@ def test_incremental_index_equals_rescan(context, cuts, m, k, max_n, min_n):
     # Commit the context in pieces, drafting after each, as decoding does.
     bounds = sorted({c for c in cuts if c < len(context)} | {len(context)})
     drafter.reset(context[: bounds[0]])
-    assert drafter.draft(m, k) == reference(context[: bounds[0]], m, k, max_n, min_n)
+    _check_drafts(drafter, reference(context[: bounds[0]], m, k, max_n, min_n), m, k)
     for lo, hi in zip(bounds, bounds[1:], strict=False):
         drafter.extend(context[lo:hi])
-        assert drafter.draft(m, k) == reference(context[:hi], m, k, max_n, min_n)
+        _check_drafts(drafter, reference(context[:hi], m, k, max_n, min_n), m, k)
+
+
+def _check_drafts(drafter: NgramDrafter, ref: Lattice, m: int, k: int) -> None:
+    assert drafter.draft(m, k) == ref
+    # Without the parent-conditioned ranks: the same candidates; at k = 1, stock's chain.
+    assert drafter.draft(m, k, cond=False) == Lattice(ref.tokens, ref.logp, [])
+    assert drafter.draft(m, 1, cond=False).chain() == ref.chain()

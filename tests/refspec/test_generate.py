@@ -6,7 +6,10 @@ import warnings
 
 import pytest
 import torch
-from refspec.generate import greedy
+from refspec.config import load_config
+from refspec.drafter import Lattice
+from refspec.ext import Mechanism
+from refspec.generate import Engine, greedy
 from refspec.model import PREFILL_CHUNK
 
 from .conftest import humaneval_prompts
@@ -75,3 +78,26 @@ def test_long_prompt_prefills_in_chunks(engine, model, prompts):
         ids, torch.arange(n), 0, torch.ones(n, n, dtype=torch.bool).tril(), n, slice(-1, None)
     )
     assert out == [int(logits[0, -1].argmax())]
+
+
+def test_stock_drafts_the_chain_only_and_a_filter_sees_the_whole_lattice(model, prompts):
+    """Stock's spec step drafts top-1 without parent ranks (its host cost); a draft filter, as any
+    mechanism that reads the lattice, still gets every candidate and `cond`, and so does `draft()`."""
+    config = load_config()
+    seen: list[Lattice] = []
+
+    def keep(lattice: Lattice, knobs) -> Lattice:
+        seen.append(lattice)
+        return lattice
+
+    stock = Engine(model, config)
+    filtered = Engine(model, config, [(Mechanism(name="keep", knobs=object, draft=keep), None)])
+    for engine in (stock, filtered):
+        engine.start(prompts[0], 16, drafting=True)
+        engine.decode_step("spec", 16)
+    full = stock.draft()
+    assert full.cond and max(map(len, full.tokens)) > 1  # HumanEval's prompt repeats its tokens
+    chain = stock.draft(chain_only=True)
+    assert chain.chain() == full.chain() and chain.cond == [] and all(len(t) == 1 for t in chain.tokens)
+    assert len(seen) == 1 and seen[0].cond and seen[0].tokens[0] != seen[0].tokens[0][:1]
+    assert filtered.draft(chain_only=True) == filtered.draft()  # a filter: never the chain-only draft

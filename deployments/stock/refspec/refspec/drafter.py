@@ -48,6 +48,9 @@ class Lattice:
 def _rank(counts: dict[int, list[int]], k: int) -> list[tuple[int, float]]:
     """counts: token -> [count, most recent end index]; the top k as (token, log(count/total))."""
     total = sum(c for c, _ in counts.values())
+    if k == 1:  # [count, recent] lists compare as the ranking's key: count, then recency
+        tok, (c, _) = max(counts.items(), key=lambda kv: kv[1])
+        return [(tok, math.log(c / total))]
     best = sorted(counts.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))[:k]
     return [(tok, math.log(c / total)) for tok, (c, _) in best]
 
@@ -92,8 +95,12 @@ class NgramDrafter:
                 return ends[:-1]
         return []
 
-    def draft(self, m: int, k: int) -> Lattice:
-        """The lattice of m draft positions (fewer where no occurrence reaches) with top-k candidates."""
+    def draft(self, m: int, k: int, cond: bool = True) -> Lattice:
+        """The lattice of m draft positions (fewer where no occurrence reaches) with top-k candidates.
+
+        cond=False leaves `cond` empty: stock's chain reads only each position's top-1, and
+        `draft(m, 1, cond=False).chain() == draft(m, k).chain()` for every k, at a fraction of the cost.
+        """
         c = self.context
         size = len(c)
         occ = self.occurrences()
@@ -101,7 +108,13 @@ class NgramDrafter:
         for d in range(m):
             # Occurrences are increasing, so those reaching d (i + 1 + d < size) are a prefix.
             live = occ[: bisect_left(occ, size - 1 - d)]
-            if not live:
+            if len(live) <= 1:  # none, or one occurrence: its continuation, each token p = 1
+                i = live[0] if live else size
+                for e in range(d, min(m, size - 1 - i)):
+                    lat.tokens.append([c[i + 1 + e]])
+                    lat.logp.append([0.0])
+                    if cond:
+                        lat.cond.append({c[i + e]: [(c[i + 1 + e], 0.0)]} if e else {})
                 break
             counts: dict[int, list[int]] = {}
             by_parent: dict[int, dict[int, list[int]]] = {}
@@ -113,7 +126,7 @@ class NgramDrafter:
                 else:
                     entry[0] += 1
                     entry[1] = i
-                if d:
+                if cond and d:
                     sub = by_parent.setdefault(c[i + d], {})
                     entry = sub.get(tok)
                     if entry is None:
@@ -124,6 +137,7 @@ class NgramDrafter:
             ranked = _rank(counts, k)
             lat.tokens.append([t for t, _ in ranked])
             lat.logp.append([lp for _, lp in ranked])
-            lat.cond.append({p: _rank(sub, k) for p, sub in by_parent.items()})
+            if cond:
+                lat.cond.append({p: _rank(sub, k) for p, sub in by_parent.items()})
             occ = live
         return lat

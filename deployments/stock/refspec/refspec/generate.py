@@ -114,10 +114,16 @@ class Engine:
             with region("drafter"):
                 self.drafter.reset(list(input_ids))
 
-    def draft(self) -> Lattice:
-        """The drafter's lattice for the committed prefix, after the mechanisms' filters."""
+    def draft(self, chain_only: bool = False) -> Lattice:
+        """The drafter's lattice for the committed prefix, after the mechanisms' filters.
+
+        chain_only: the top-1 candidate a position and no parent-conditioned ranks, all that
+        stock's chain verifies (the same chain); taken only with no filter and stock's policy.
+        """
         d = self.config.decode
         with region("drafter"):
+            if chain_only and not self.filters and self.policy is self.chain:
+                return self.drafter.draft(d.block_size, 1, cond=False)
             lattice = self.drafter.draft(d.block_size, d.top_k)
             for fn, knobs in self.filters:
                 lattice = fn(lattice, knobs)
@@ -145,7 +151,7 @@ class Engine:
     def decode_step(self, mode: str, remaining: int) -> list[int]:
         """One decode step (draft + verify + accept) committing at most `remaining` tokens."""
         if mode == "spec":
-            return self.step(self.policy.propose(self, self.draft(), remaining))
+            return self.step(self.policy.propose(self, self.draft(chain_only=True), remaining))
         return self.step(ext.Pass([self.last], [0]), self.chain)
 
     def generate(
