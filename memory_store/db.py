@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -128,7 +131,7 @@ def _sqlite_engine(url: URL) -> Engine:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see _on_begin)
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {int(lock_timeout() * 1000)}")
-        cur.execute("PRAGMA journal_mode = WAL")
+        _switch_to_wal(cur)
         cur.execute("PRAGMA foreign_keys = ON")
         cur.execute("PRAGMA synchronous = NORMAL")
         cur.close()
@@ -139,6 +142,26 @@ def _sqlite_engine(url: URL) -> Engine:
         conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _switch_to_wal(cur: Any) -> None:
+    """PRAGMA journal_mode = WAL, waiting up to the lock timeout as a busy database would.
+
+    A fresh file is in rollback mode, and the switch needs it exclusively: while another
+    connection holds a write lock on it (two processes opening a fresh home at once, each
+    switching), SQLite answers SQLITE_BUSY at once instead of calling the busy handler, since
+    waiting while holding its read lock could deadlock. So the switch is retried, read lock
+    dropped, after a short random sleep (two retrying processes do not meet again in step).
+    """
+    deadline = time.monotonic() + lock_timeout()
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if e.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+        time.sleep(random.uniform(0.005, 0.05))
 
 
 def _pg_engine(url: URL) -> Engine:

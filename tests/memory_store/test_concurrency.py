@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+
+import sqlalchemy
 
 from specpilot.deployments import Home
 from specpilot.memory_store import Memory, connect, seal_check
@@ -89,3 +93,28 @@ def test_two_processes_add_at_once(backend, home, toy_stock, tmp_path):
     assert sorted(e.name for e in memory.entries()) == added
     assert all(r.ok for r in seal_check(memory))
     memory.db.close()
+
+
+def test_opening_a_fresh_sqlite_file_waits_out_a_writer_that_holds_it(home, monkeypatch):
+    """Switching a fresh (rollback-journal) file to WAL needs it exclusively; while another
+    connection holds a write lock SQLite answers "database is locked" at once, busy_timeout or not
+    (two processes opening a fresh home at once meet this). `connect` waits it out."""
+    monkeypatch.delenv("SPECPILOT_DB_URL", raising=False)
+    monkeypatch.setenv("SPECPILOT_DB_TIMEOUT", "10")
+    path = home / "specpilot.db"
+    home.mkdir(parents=True)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # a writer on the fresh file, still in rollback mode
+    release = threading.Timer(0.5, other.rollback)
+    release.start()
+    t = time.monotonic()
+    try:
+        db = connect(Home(home))
+    finally:
+        release.join()
+        other.close()
+    assert time.monotonic() - t >= 0.4  # it waited for the writer, then opened
+    with db.session() as s:
+        assert s.execute(sqlalchemy.text("PRAGMA journal_mode")).scalar() == "wal"
+    assert Memory(db, Home(home), stocks=[]).entries() == []
+    db.close()
