@@ -9,7 +9,8 @@ import pytest
 from refspec.drafter import Lattice
 from refspec.generate import greedy
 
-from .conftest import humaneval_prompts, run_module
+from .conftest import TREE, humaneval_prompts, run_module
+from .kernel_names import kernel_class, launched
 
 NEW_TOKENS = 24
 
@@ -102,3 +103,12 @@ def test_profile_writes_the_contract_record(tmp_path, requests_file):
     assert prof["step_wall_s"] > 0 and prof["ar_step_wall_s"] > 0
     prompt_len = len(json.loads(requests_file.read_text().splitlines()[0])["input_ids"])
     assert prompt_len < prof["context_len"] < prompt_len + NEW_TOKENS
+
+
+def test_every_kernel_stock_launches_has_a_profile_class():
+    """The CUDA profile classes a kernel's device time by `CudaModel.KERNEL_CLASS`; a kernel missing
+    there would count as "other" and hide its bytes from the cost model."""
+    cuda = TREE / "refspec" / "cuda_graphs.py"
+    classes = kernel_class(cuda, "CudaModel")
+    assert launched(cuda) == set(classes)
+    assert set(classes.values()) <= {"linear", "attention", "lm_head"}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import humaneval_prompts
+from .kernel_names import kernel_class, launched
 from .tree_entry import checkout_entry, engine_for, import_tree
 
 ENTRY = "refspec-w12"
@@ -65,3 +66,11 @@ def test_pair_blocks_put_each_programs_two_row_blocks_together(entry):
     assert pairs.pair_blocks(g, 1, 3)[:, 0].tolist() == [0, 2, 4, 12, 14, 16, 6, 8, 10, 18, 20, 22]
     with pytest.raises(ValueError, match="pair blocks"):
         pairs.pair_blocks(g, 1, 4)
+
+
+def test_every_kernel_the_entry_launches_has_a_profile_class(entry):
+    root, _ = entry
+    stock = kernel_class(root / "refspec" / "cuda_graphs.py", "CudaModel")
+    model = root / "refspec" / "w12tiles" / "model.py"
+    classes = kernel_class(model, "W12CudaModel", stock)
+    assert launched(model) <= set(classes) and launched(model) - set(stock)  # its own kernels, named

@@ -65,6 +65,12 @@ def bucket(rows: int) -> int:
 class CudaModel:
     """Weights, KV cache and per-bucket CUDA graphs of one Llama-family model on one GPU."""
 
+    # The kernels a pass launches (cuda_kernels.py), by the class whose bytes dominate them: the
+    # profile's kernel classes (profile.py). A subclass launching its own kernels names them too.
+    KERNEL_CLASS = {"norm_qkv_rope": "linear", "linear_residual": "linear", "norm_gate_up": "linear",
+                    "attention": "attention", "attention_split": "attention", "norm_head": "lm_head",
+                    "argmax_reduce": "lm_head"}  # fmt: skip
+
     def __init__(
         self, args: ModelArgs, state: dict[str, torch.Tensor], device: torch.device, max_context: int
     ):

@@ -59,17 +59,12 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-# The fused CUDA kernels (cuda_kernels.py) by the class whose bytes dominate them.
-KERNEL_CLASS = {"norm_qkv_rope": "linear", "linear_residual": "linear", "norm_gate_up": "linear",
-                "attention": "attention", "attention_split": "attention", "norm_head": "lm_head",
-                "argmax_reduce": "lm_head"}  # fmt: skip
-
-
 def class_times(engine, requests, mode: str) -> tuple[dict[str, float], int]:
     """Total profiled seconds per class over the decode steps of one run, and the step count.
 
     CPU: the CPU time of the `refspec.<class>` regions. CUDA graphs path: every kernel's device
-    time, by kernel name (the passes run eagerly here, so each kernel is seen); the drafter's region
+    time, by kernel name (the passes run eagerly here, so each kernel is seen; the model's
+    `KERNEL_CLASS` names the class, other kernels count as "other"); the drafter's region
     on the host. Eager CUDA: the GPU span of each region.
     """
     import torch
@@ -97,7 +92,7 @@ def class_times(engine, requests, mode: str) -> tuple[dict[str, float], int]:
     for e in prof.events():
         on_cpu = e.device_type == torch.autograd.DeviceType.CPU
         if fused and not on_cpu:
-            device_totals[KERNEL_CLASS.get(e.name, "other")] += e.time_range.elapsed_us() / 1e6
+            device_totals[engine.model.KERNEL_CLASS.get(e.name, "other")] += e.time_range.elapsed_us() / 1e6
             continue
         if not e.name.startswith("refspec."):
             continue
