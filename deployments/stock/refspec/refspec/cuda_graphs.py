@@ -105,17 +105,24 @@ class CudaModel:
         self.embed = w("model.embed_tokens.weight")
         self.head = self.embed if (a.tied or "lm_head.weight" not in state) else w("lm_head.weight")
         self.norm = w("model.norm.weight")
-        layers = []
+        # The persistent pass reads each weight kind as one [layers, ...] tensor; `layers` holds views
+        # of those (a mechanism that swaps `layers` gets its own stacks, see `stacked`). Each layer
+        # is copied into the stacks as it is read, so loading holds the weights once plus one layer.
+        stacks: tuple[torch.Tensor, ...] = ()
         for i in range(a.layers):
             p = f"model.layers.{i}."
-            qkv = torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"]).contiguous()
-            gate_up = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()
-            layers.append((w(p + "input_layernorm.weight"), qkv, w(p + "self_attn.o_proj.weight"),
-                           w(p + "post_attention_layernorm.weight"), gate_up, w(p + "mlp.down_proj.weight")))  # fmt: skip
-        # The persistent pass reads each weight kind as one [layers, ...] tensor; `layers` holds views
-        # of those (a mechanism that swaps `layers` gets its own stacks, see `stacked`).
-        stacks = tuple(torch.stack([layer[j] for layer in layers]) for j in range(6))
-        del layers
+            qkv = torch.cat([w(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+            gate_up = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])
+            layer = (w(p + "input_layernorm.weight"), qkv, w(p + "self_attn.o_proj.weight"),
+                     w(p + "post_attention_layernorm.weight"), gate_up, w(p + "mlp.down_proj.weight"))  # fmt: skip
+            if not stacks:
+                stacks = tuple(torch.empty((a.layers, *t.shape), dtype=t.dtype, device=device) for t in layer)
+            for stack, t in zip(stacks, layer, strict=True):
+                if t.shape != stack.shape[1:]:
+                    raise RefspecError(f"layer {i}'s weights have shape {tuple(t.shape)} where layer 0's "
+                                       f"have {tuple(stack.shape[1:])}; the model folder is inconsistent")  # fmt: skip
+                stack[i].copy_(t)
+            del qkv, gate_up, layer
         self.layers = [tuple(s[i] for s in stacks) for i in range(a.layers)]
         self._stack_cache = (self.layers, self._key(), stacks)
         half = a.head_dim // 2
