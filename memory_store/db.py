@@ -159,7 +159,8 @@ def _switch_to_wal(cur: Any) -> None:
             cur.execute("PRAGMA journal_mode = WAL")
             return
         except sqlite3.OperationalError as e:
-            if e.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+            busy = getattr(e, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY  # extended codes too
+            if not busy or time.monotonic() >= deadline:
                 raise
         time.sleep(random.uniform(0.005, 0.05))
 

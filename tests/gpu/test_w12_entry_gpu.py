@@ -182,7 +182,8 @@ def test_every_matrix_reads_records(models):
 
 def _pass(model, tokens, start, mask=None):
     out = model.verify(tokens, list(range(start, start + len(tokens))), start, mask)
-    return out, model.x[: len(tokens)].clone(), model.kc[:, :, : start + len(tokens)].clone()
+    kv = torch.cat([model.kc[:, :, : start + len(tokens)], model.vc[:, :, : start + len(tokens)]], dim=-1)
+    return out, model.x[: len(tokens)].clone(), kv.clone()
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

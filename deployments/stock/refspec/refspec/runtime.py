@@ -77,6 +77,9 @@ def open_engine(slot: str, model: str, cache: Path | None, config: Config, eager
         net = CudaModel(args, state, device, config.runtime.max_context)
     else:
         net = Transformer(args, state, device, dtype, config.runtime.cpu_layout)
+    # The CUDA model copied what it keeps: a synthetic state drawn on the GPU is freed here, before
+    # a mechanism's setup (refspec-w12 converting the weights) needs the memory.
+    del state
     return Engine(net, config, mechanisms)
 
 
