@@ -1,6 +1,7 @@
 """Peak memory of refspec's CUDA model while it loads, and while `refspec-w12` converts it.
 
     python bench/load_peak.py --tree DIR [--layers 4] [--hidden 1024] [--device cuda:0] [--json OUT]
+    python bench/load_peak.py --matrix 65536x1024 [--device cuda:0]     # kernels/w12's tile_weight alone
 
 DIR is a refspec tree holding the W12 entry (`specpilot memory replay -d wide-h200 --entries
 refspec-w12 --out DIR`). The target is synthetic (refspec/synthetic.py: wide27b-8l's layout at
@@ -12,7 +13,9 @@ refspec-w12 --out DIR`). The target is synthetic (refspec/synthetic.py: wide27b-
 On CUDA: the allocator's peak (`torch.cuda.max_memory_allocated`). On a CPU device (the kernels'
 Triton must import: put the Triton wheel on PYTHONPATH; nothing launches) the process's resident
 set, sampled every 0.5 ms by a thread. The per-phase path is forced (PERSIST_MAX_LAYER_BYTES = 0)
-so convert runs at small shapes. Results go into docs/BENCHMARKS.md by hand, with command,
+so convert runs at small shapes. `--matrix NxK` times nothing of refspec: the peak of
+`tile_weight` on one trained-like bf16 matrix, whole (one band) against its default row bands.
+Results go into docs/BENCHMARKS.md by hand, with command,
 machine and date.
 """
 
@@ -72,12 +75,17 @@ class Peak:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tree", type=Path, required=True, help="a refspec tree with refspec-w12")
+    ap.add_argument("--tree", type=Path, default=None, help="a refspec tree with refspec-w12")
+    ap.add_argument("--matrix", default=None, help="NxK: tile_weight's peak on one matrix instead")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.matrix:
+        return matrix_peak(args)
+    if args.tree is None:
+        ap.error("give --tree (a refspec tree with refspec-w12) or --matrix NxK")
     sys.path.insert(0, str(args.tree))
     import torch
     from refspec import cuda_graphs
@@ -116,6 +124,30 @@ def main() -> None:
         "convert_after": convert_after / weights,
         "kept_bf16": kept,
     }
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def matrix_peak(args) -> None:
+    import torch
+
+    from specpilot.kernels.w12.tiles import TILE_N, tile_weight
+
+    n, k = (int(x) for x in args.matrix.lower().split("x"))
+    device = torch.device(args.device)
+    g = torch.Generator().manual_seed(0)
+    scale = torch.exp2(torch.rand(n, 1, generator=g) * 2 - 8)  # per-row scales over 2 binades
+    w = (torch.randn(n, k, generator=g) * scale).to(torch.bfloat16).to(device)
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": str(device),
+              "matrix": [n, k], "matrix_bytes": w.numel() * 2}  # fmt: skip
+    peak = Peak(device)
+    for name, band in (("whole", -(-n // TILE_N) * TILE_N), ("banded", None)):
+        peak.start()
+        tw = tile_weight(w) if band is None else tile_weight(w, band_rows=band)
+        top, after = peak.stop()
+        result[name] = {"peak": top / result["matrix_bytes"], "after": after / result["matrix_bytes"]}
+        del tw
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

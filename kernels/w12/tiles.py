@@ -66,23 +66,45 @@ class TileWeight:
         return sum(t.numel() * t.element_size() for t in self.parts())
 
 
-def tile_weight(w: torch.Tensor) -> TileWeight | None:
-    """The kernels' W12 copy of bf16 `w` [N, K] (on w's device), or None when W12 stores rows of it raw."""
-    t = encode(w)
-    verify(t, w)  # the records and escape lists decode to w bit for bit, or W12FormatError
-    if t.n_raw:
-        return None
-    n = t.shape[0]
-    nt = t.records.shape[0]
+def tile_weight(w: torch.Tensor, band_rows: int = 8192) -> TileWeight | None:
+    """The kernels' W12 copy of bf16 `w` [N, K] (on w's device), or None when W12 stores rows of it raw.
+
+    Encoded and verified `band_rows` rows at a time (a multiple of the records' 128-row bands; the
+    encoder and its bit-for-bit check hold several times what they encode). Channels and record
+    bands are encoded independently, so every part is the whole matrix's encoding, but for the
+    choice of raw rows (format.py): where the whole's tile padding tips a split to raw rows, the
+    last band, which holds that padding, tips too. So a band with raw rows sends the matrix to
+    the one-band encoding, whose answer is the whole's (a matrix with raw rows is rare)."""
+    if band_rows <= 0 or band_rows % TILE_N:
+        raise ValueError(f"band_rows {band_rows} must be a positive multiple of {TILE_N}")
+    n, k = w.shape
     dev = w.device
-    e = int(t.esc_ptr[-1])
-    ptr = torch.full((nt * TILE_N + 1,), e, dtype=torch.int32, device=dev)  # channels past N: none
-    ptr[: n + 1] = t.esc_ptr
-    counts = (t.esc_ptr[1:] - t.esc_ptr[:-1]).long()
+    records = exps = None
+    ptrs, cols, bits = [], [], []
+    for r0 in range(0, n, band_rows):
+        part = w[r0 : r0 + band_rows]
+        t = encode(part)
+        verify(t, part)  # the records and escape lists decode to the band bit for bit, or W12FormatError
+        if t.n_raw:
+            return None if n <= band_rows else tile_weight(w, band_rows=-(-n // TILE_N) * TILE_N)
+        if records is None:
+            records = torch.empty((-(-n // TILE_N), *t.records.shape[1:]), dtype=t.records.dtype, device=dev)
+            exps = torch.empty(n, dtype=t.exps.dtype, device=dev)
+        records[r0 // TILE_N : r0 // TILE_N + t.records.shape[0]] = t.records
+        exps[r0 : r0 + part.shape[0]] = t.exps
+        ptrs.append(t.esc_ptr[1:].long() + (int(ptrs[-1][-1]) if ptrs else 0))
+        cols.append(t.esc_col.to(torch.int32))
+        bits.append(t.esc_bits)
+        del t
+    e = int(ptrs[-1][-1])
+    ptr = torch.full((records.shape[0] * TILE_N + 1,), e, dtype=torch.int32, device=dev)  # channels past N: none
+    ptr[0] = 0
+    ptr[1 : n + 1] = torch.cat(ptrs)
+    counts = (ptr[1 : n + 1] - ptr[:n]).long()
     row = torch.repeat_interleave(torch.arange(n, device=dev, dtype=torch.int32), counts)
     one = lambda x, dt: x.to(dt) if e else torch.zeros(1, dtype=dt, device=dev)  # never read when E = 0
-    return TileWeight((n, t.shape[1]), t.records, t.exps, ptr, one(row, torch.int32), one(t.esc_col, torch.int32),
-                      one(t.esc_bits, torch.int16))  # fmt: skip
+    return TileWeight((n, k), records, exps, ptr, one(row, torch.int32), one(torch.cat(cols), torch.int32),
+                      one(torch.cat(bits), torch.int16))  # fmt: skip
 
 
 def tile_bits(tw: TileWeight) -> torch.Tensor:

@@ -97,3 +97,31 @@ def test_the_copy_costs_what_the_records_cost():
                                               (48, 64, False), (32, 96, False), (256, 64, False)])  # fmt: skip
 def test_which_kernel_tiles_can_read_records(bn, bk, ok):
     assert (check_tile(bn, bk) is None) == ok
+
+
+@pytest.mark.parametrize(("n", "band"), [(300, 128), (300, 256), (512, 128), (1034, 128), (129, 128)])
+def test_encoding_in_row_bands_is_encoding_whole(n, band):
+    """A large matrix is encoded a band of rows at a time (the encoder's temporaries are several
+    times what it encodes): every part equals the whole matrix's encoding. 1034 rows: the last
+    band's 10 rows carry 118 rows of padding and tip to raw rows alone, the whole does not; 129
+    rows: the whole tips too (W12 stores it raw)."""
+    w = with_specials(trained_like(n, 320, seed=n), seed=n)
+    whole, banded = tile_weight(w), tile_weight(w, band_rows=band)
+    if n == 129:
+        assert whole is None and banded is None
+        return
+    assert whole.escapes > 0 and whole.shape == banded.shape
+    for name in TileWeight.PARTS:
+        a, b = getattr(whole, name), getattr(banded, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+def test_a_band_with_raw_rows_makes_the_matrix_raw():
+    w = trained_like(384, 64, seed=4)
+    w[300, :20] = float("nan")  # more than one escape in eight: a raw row, in the third band
+    assert tile_weight(w) is None and tile_weight(w, band_rows=128) is None
+
+
+def test_bands_are_whole_record_bands():
+    with pytest.raises(ValueError, match="multiple of 128"):
+        tile_weight(trained_like(256, 64, seed=1), band_rows=100)
