@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specpilot.kernels.w12.format import W12FormatError
 from specpilot.kernels.w12.tiles import TileWeight, check_tile, tile_bits, tile_weight, with_escapes
 
 from .w12_data import random_bits, trained_like, with_specials
@@ -122,6 +123,12 @@ def test_a_band_with_raw_rows_makes_the_matrix_raw():
     assert tile_weight(w) is None and tile_weight(w, band_rows=128) is None
 
 
-def test_bands_are_whole_record_bands():
+def test_bands_are_whole_record_bands_and_bad_matrices_one_clear_error():
     with pytest.raises(ValueError, match="multiple of 128"):
         tile_weight(trained_like(256, 64, seed=1), band_rows=100)
+    with pytest.raises(W12FormatError, match="2-D bfloat16"):
+        tile_weight(torch.zeros(3, dtype=torch.bfloat16))
+    with pytest.raises(W12FormatError, match="2-D bfloat16"):
+        tile_weight(torch.zeros(4, 64))
+    with pytest.raises(W12FormatError, match="at least one row"):
+        tile_weight(torch.zeros(0, 64, dtype=torch.bfloat16))
