@@ -127,9 +127,10 @@ class GreedyTarget:
     acceptance, bookkeeping — what a device-bound step waits on the host for, minus the model's own
     launch and copy code."""
 
-    device = None
-
     def __init__(self, vocab: int):
+        import torch
+
+        self.device = torch.device("cpu")
         self.args = type("Args", (), {"vocab": vocab})()
         self.seq: list[int] = []
 
@@ -145,11 +146,9 @@ class GreedyTarget:
 
 def engine_host_us(requests, greedy, config, repeats: int) -> dict:
     """Engine.generate's wall time a step with GreedyTarget, spec and AR, mean over the requests."""
-    import torch
     from refspec.generate import Engine
 
     target = GreedyTarget(1 << 20)
-    target.device = torch.device("cpu")
     engine = Engine(target, config)
     out = {}
     for mode in ("spec", "ar"):

@@ -29,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+from refspec_speed import machine
+
 
 class Peak:
     """The most memory in use on `device` between start() and stop(), over what was in use at start()."""
@@ -113,7 +115,7 @@ def main() -> None:
     convert_peak, convert_after = peak.stop()
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device": machine(args.device),
         "config": {
             k: cfg[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size")
         },
@@ -139,7 +141,7 @@ def matrix_peak(args) -> None:
     g = torch.Generator().manual_seed(0)
     scale = torch.exp2(torch.rand(n, 1, generator=g) * 2 - 8)  # per-row scales over 2 binades
     w = (torch.randn(n, k, generator=g) * scale).to(torch.bfloat16).to(device)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": str(device),
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": machine(args.device),
               "matrix": [n, k], "matrix_bytes": w.numel() * 2}  # fmt: skip
     peak = Peak(device)
     for name, band in (("whole", -(-n // TILE_N) * TILE_N), ("banded", None)):
