@@ -97,18 +97,13 @@ def _pack_records(v: torch.Tensor, low: torch.Tensor, n: int, k: int) -> torch.T
     return rec.contiguous()
 
 
-def check_matrix(w: torch.Tensor) -> None:
-    """W12FormatError unless `w` is a 2-D bfloat16 matrix, what W12 encodes."""
+def encode(w: torch.Tensor) -> W12Tensor:
+    """Encode a bf16 matrix [N_out, K_in]. Vectorized; runs where `w` lives (CPU or CUDA)."""
     if w.dtype != torch.bfloat16 or w.dim() != 2:
         raise W12FormatError(
             f"W12 encodes 2-D bfloat16 weights, got {tuple(w.shape)} {w.dtype}; "
             "cast with .to(torch.bfloat16) first (that cast is itself lossy for fp32 weights)"
         )
-
-
-def encode(w: torch.Tensor) -> W12Tensor:
-    """Encode a bf16 matrix [N_out, K_in]. Vectorized; runs where `w` lives (CPU or CUDA)."""
-    check_matrix(w)
     n, k = w.shape
     w = w.contiguous()
     tops, views, lows, rows, cols, vals, counts = [], [], [], [], [], [], []
