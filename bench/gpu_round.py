@@ -92,19 +92,26 @@ def main() -> None:
                     "speed_s": time.monotonic() - t}  # fmt: skip
         save()
     if "round" in steps and left() > 120:
+        from specpilot.memory_store import connect, records
+
+        last = records.get_round(connect(home), DEP)
+        again = ["--resume", str(last.number)] if last is not None and last.status != "done" else []
         t = time.monotonic()
-        proc = cli("round", "--deployment", DEP, "--agent", "memory", timeout=max(60, left()))
-        res["round_wall_s"] = time.monotonic() - t
-        res["round_rc"] = proc.returncode
-        (args.out / "round.log").write_text(proc.stdout + "\n" + proc.stderr)
-        print(proc.stdout[-4000:], proc.stderr[-2000:], flush=True)
+        try:  # a round cut short by the budget is saved step by step: the next call resumes it
+            proc = cli("round", "--deployment", DEP, "--agent", "memory", *again, timeout=max(60, left()))
+            rc, log = proc.returncode, proc.stdout + "\n" + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, log = "timeout", f"{e.stdout or ''}\n{e.stderr or ''}"
+        # wall seconds of this call's part of the round, summed over the calls that resumed it
+        res["round_wall_s"] = (res.get("round_wall_s", 0) if again else 0) + time.monotonic() - t
+        res["round_rc"], res["round_resumed"] = rc, bool(again)
+        (args.out / "round.log").write_text(log)
+        print(log[-5000:], flush=True)
         rep = cli("--json", "report", "-d", DEP, timeout=120)
         if rep.returncode == 0:
             (args.out / "round_report.json").write_text(rep.stdout)
         text = cli("report", "-d", DEP, timeout=120)
         (args.out / "round_report.txt").write_text(text.stdout)
-        from specpilot.memory_store import connect, records
-
         db = connect(home)
         last = records.get_round(db, DEP)
         if last is not None:
