@@ -2,9 +2,8 @@
 # Issue 41's round on the lent GPU, across as many device calls as it takes (each ≤ 10 minutes):
 #   run(carry=[".gpu/whl", ".gpu/data", ".gpu/wide", ".gpu/state"], command="bash bench/wide_round.sh 570")
 # then, here, after each call: rm -rf .gpu/state && cp -r <files_at>/state .gpu/state
-# Each call picks up where the last stopped: the GPU tests of the W12 entry and of refspec's CUDA path
-# (once), then `specpilot round --deployment wide-h200` with the memory agent (Phase 0 on its first call; a
-# round cut short resumes), seal-check, and the W12 pass timing, each only when the call has time left for it.
+# Each call picks up where the last stopped: the W12 entry's GPU tests (once), then `specpilot round --deployment wide-h200` with the memory agent (Phase 0 on its first call; a
+# round cut short resumes), seal-check, refspec's CUDA tests and the W12 pass timing, each only when the call has time left for it.
 # The SpecPilot home travels as .gpu/state/home.tgz when the machine was given back in between.
 set -uo pipefail
 deadline=$(( $(date +%s) + ${1:-570} ))
@@ -16,8 +15,8 @@ if [ ! -f /root/sp/home/specpilot.db ] && [ -f "$state/home.tgz" ]; then
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee -a "$state/devices.txt"
 if [ ! -f "$state/tests.log" ] && [ "$(left)" -gt 400 ]; then  # once, passed or not: the round goes on
-  timeout 200 python3 -m pytest -q tests/gpu/test_w12_entry_gpu.py tests/gpu/test_refspec_cuda.py > "$state/tests.log" 2>&1
-  echo "rc=$?" >> "$state/tests.log"; tail -15 "$state/tests.log"
+  timeout 150 python3 -m pytest -q tests/gpu/test_w12_entry_gpu.py > "$state/tests.log" 2>&1
+  echo "rc=$?" >> "$state/tests.log"; tail -8 "$state/tests.log"
 fi
 if [ ! -f "$state/round_done" ] && [ "$(left)" -gt 150 ]; then
   python3 bench/gpu_round.py --deployment wide-h200 --out "$state/r" --steps round,seal --budget-s $(( $(left) - 40 ))
@@ -26,6 +25,10 @@ import json, sys
 r = json.load(open(f"{sys.argv[1]}/r/gpu_round_wide_h200.json"))
 sys.exit(0 if r.get("round_rc") == 0 and "seal_check_passed" in r else 1)
 PY
+fi
+if [ -f "$state/round_done" ] && [ ! -f "$state/tests_cuda.log" ] && [ "$(left)" -gt 120 ]; then
+  timeout 100 python3 -m pytest -q tests/gpu/test_refspec_cuda.py > "$state/tests_cuda.log" 2>&1
+  echo "rc=$?" >> "$state/tests_cuda.log"; tail -5 "$state/tests_cuda.log"
 fi
 if [ -f "$state/round_done" ] && [ ! -f "$state/w12_pass.json" ] && [ "$(left)" -gt 150 ]; then
   timeout $(( $(left) - 20 )) python3 bench/w12_pass.py --model .gpu/wide/models/wide27b-8l --rounds 2 --rows 1,9 \
