@@ -2,8 +2,9 @@
 # Issue 41's round on the lent GPU, across as many device calls as it takes (each ≤ 10 minutes):
 #   run(carry=[".gpu/whl", ".gpu/data", ".gpu/wide", ".gpu/state"], command="bash bench/wide_round.sh 570")
 # then, here, after each call: rm -rf .gpu/state && cp -r <files_at>/state .gpu/state
-# Each call picks up where the last stopped: the W12 entry's GPU tests (once), then `specpilot round --deployment wide-h200` with the memory agent (Phase 0 on its first call; a
-# round cut short resumes), seal-check, refspec's CUDA tests and the W12 pass timing, each only when the call has time left for it.
+# Each call picks up where the last stopped: the W12 entry's GPU tests (once), then `specpilot round
+# --deployment wide-h200` with the memory agent (Phase 0 on its first call; a round cut short
+# resumes), seal-check, refspec's CUDA tests and the W12 pass timing, each when the call has time.
 # The SpecPilot home travels as .gpu/state/home.tgz when the machine was given back in between.
 set -uo pipefail
 deadline=$(( $(date +%s) + ${1:-570} ))
