@@ -197,6 +197,26 @@ def judge(dep, home, res: dict, args, left, save) -> None:
         save()
 
 
+def gpu_turns(raw: Path) -> dict:
+    """Per system (A baseline, B candidate), from a comparison's raw record: its turns, those the
+    GPU watch saw throttled (by reason) and its SM clock range: whose turns a disturbance hit."""
+    out: dict = {}
+    for line in raw.read_text().splitlines() if raw.is_file() else []:
+        for turn in json.loads(line).get("turns", []):
+            for label, g in turn.get("gpu", {}).items():
+                s = out.setdefault(label, {"turns": 0, "throttled": {}, "sm_mhz": [None, None]})
+                s["turns"] += 1
+                for why in g.get("throttle", []):
+                    s["throttled"][why] = s["throttled"].get(why, 0) + 1
+                lo, hi = g.get("sm_mhz_min"), g.get("sm_mhz_max")
+                if lo is not None:
+                    s["sm_mhz"] = [
+                        min(x for x in (s["sm_mhz"][0], lo) if x is not None),
+                        max(s["sm_mhz"][1] or 0, hi),
+                    ]
+    return out
+
+
 def judge_entry(dep, home, name: str, res: dict, out: Path) -> None:
     """Stock against stock + the entry (and its requirements), one `controller.compare` with its audit."""
     from specpilot import controller
@@ -235,6 +255,7 @@ def judge_entry(dep, home, name: str, res: dict, out: Path) -> None:
                                    "stock_rate", "stock_mismatches", "stock_positions", "large", "stock_large",
                                    "p_large", "unexplained", "reasons")} | {"seconds": time.monotonic() - t}  # fmt: skip
     row["changed_requests"] = ev.evidence.get("changed_requests")
+    row["gpu_turns"] = gpu_turns(Path(ev.evidence["raw"])) if ev.evidence.get("raw") else None
     res.setdefault("entry_verdicts", []).append(row)
     print(json.dumps(row, indent=1, default=str), flush=True)
 
