@@ -100,8 +100,9 @@ def main() -> None:
         try:  # a round cut short by the budget is saved step by step: the next call resumes it
             proc = cli("round", "--deployment", DEP, "--agent", "memory", *again, timeout=max(60, left()))
             rc, log = proc.returncode, proc.stdout + "\n" + proc.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, log = "timeout", f"{e.stdout or ''}\n{e.stderr or ''}"
+        except subprocess.TimeoutExpired as e:  # its output comes as bytes on POSIX, whatever `text` says
+            text_of = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+            rc, log = "timeout", f"{text_of(e.stdout)}\n{text_of(e.stderr)}"
         # wall seconds of this call's part of the round, summed over the calls that resumed it
         res["round_wall_s"] = (res.get("round_wall_s", 0) if again else 0) + time.monotonic() - t
         res["round_rc"], res["round_resumed"] = rc, bool(again)
@@ -204,16 +205,13 @@ def gpu_turns(raw: Path) -> dict:
     for line in raw.read_text().splitlines() if raw.is_file() else []:
         for turn in json.loads(line).get("turns", []):
             for label, g in turn.get("gpu", {}).items():
-                s = out.setdefault(label, {"turns": 0, "throttled": {}, "sm_mhz": [None, None]})
+                s = out.setdefault(label, {"turns": 0, "throttled": {}})
                 s["turns"] += 1
                 for why in g.get("throttle", []):
                     s["throttled"][why] = s["throttled"].get(why, 0) + 1
-                lo, hi = g.get("sm_mhz_min"), g.get("sm_mhz_max")
-                if lo is not None:
-                    s["sm_mhz"] = [
-                        min(x for x in (s["sm_mhz"][0], lo) if x is not None),
-                        max(s["sm_mhz"][1] or 0, hi),
-                    ]
+                if g.get("sm_mhz_min") is not None:
+                    s["sm_mhz_min"] = min(s.get("sm_mhz_min", g["sm_mhz_min"]), g["sm_mhz_min"])
+                    s["sm_mhz_max"] = max(s.get("sm_mhz_max", g["sm_mhz_max"]), g["sm_mhz_max"])
     return out
 
 
