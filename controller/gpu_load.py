@@ -2,12 +2,20 @@
 may not throttle. Sampled through NVML (the `nvidia-ml-py` package): the compute processes on the
 device (any process outside the systems being measured and the controller is other load), the SM
 clock (its range over the turn) and the throttle reasons (power cap, thermal or hardware slowdown).
+
+One throttle is a system's own: the software power cap in the candidate's turn. The cap answers
+the power the turn's own kernels draw (a kernel that does more per byte read draws more), so the
+clocks it takes away are what the candidate costs on this GPU, timed as such, and the turn is not
+set aside for it. Before every turn the GPU is let out of any throttle (`settle`), so a cap the
+candidate reached cannot run on into the baseline's turn; a throttle of any kind in a baseline's
+turn, or in an A/A run, stays a disturbance, and so do heat and hardware slowdowns anywhere.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 from specpilot.deployments import SpecPilotError
@@ -17,6 +25,8 @@ SLOWDOWN = {0x4: "software power cap", 0x8: "hardware slowdown", 0x20: "software
             0x40: "hardware thermal slowdown", 0x80: "power brake"}  # fmt: skip
 CLOCK_RANGE_LIMIT = 0.15  # the SM clock may move this much (min / max) during a turn
 SAMPLE_S = 0.1  # NVML queries go through the driver: sample gently while a system is timed
+POWER_CAP = "software power cap"
+SETTLE_S, SETTLE_POLL_S = 1.0, 0.005  # the longest wait for a throttle to clear before a turn, and its poll
 
 
 @dataclass
@@ -30,13 +40,21 @@ class GpuReport:
         return {"sm_mhz_min": lo, "sm_mhz_max": hi, "samples": len(self.sm_mhz), "throttle": sorted(self.throttle),
                 "other_pids": sorted(self.others)}  # fmt: skip
 
-    def disturbances(self, where: str) -> list[str]:
+    def own_cap(self, own: bool) -> bool:
+        """Whether the turn ran under a power cap of its own (`own`: the candidate's turn)."""
+        return own and POWER_CAP in self.throttle
+
+    def disturbances(self, where: str, own: bool = False) -> list[str]:
+        """What else slowed the GPU in the turn. `own`: the turn is the candidate's, so a power cap
+        (and the SM clock it lowered) is its own cost, not a disturbance."""
         out = []
         if self.others:
             out.append(f"other processes used {where}: pids {', '.join(map(str, sorted(self.others)))}")
-        if self.throttle:
-            out.append(f"{where} throttled ({', '.join(sorted(self.throttle))})")
-        if self.sm_mhz and min(self.sm_mhz) < (1 - CLOCK_RANGE_LIMIT) * max(self.sm_mhz):
+        throttle = self.throttle - {POWER_CAP} if own else self.throttle
+        if throttle:
+            out.append(f"{where} throttled ({', '.join(sorted(throttle))})")
+        moved = self.sm_mhz and min(self.sm_mhz) < (1 - CLOCK_RANGE_LIMIT) * max(self.sm_mhz)
+        if moved and not self.own_cap(own):
             out.append(f"{where}'s SM clock moved from {max(self.sm_mhz)} to {min(self.sm_mhz)} MHz")
         return out
 
@@ -56,18 +74,29 @@ class GpuWatch:
         self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         self._thread: threading.Thread | None = None
 
+    def throttled(self) -> set[str]:
+        mask = self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle)
+        return {name for bit, name in SLOWDOWN.items() if mask & bit}
+
+    def settle(self, limit_s: float = SETTLE_S) -> float:
+        """Wait (up to `limit_s`) until the GPU throttles no more; the seconds waited. A throttle
+        that outlasts the wait is left to the turn's own samples."""
+        t0 = time.perf_counter()
+        while self.throttled() and time.perf_counter() - t0 < limit_s:
+            time.sleep(SETTLE_POLL_S)
+        return time.perf_counter() - t0
+
     def start(self, ours: set[int]) -> None:
         self.report, self._ours, self._stop = GpuReport(), ours | {os.getpid()}, threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
 
     def _sample(self) -> None:
-        n, reasons = self.nvml, SLOWDOWN
+        n = self.nvml
         i = 0
         while not self._stop.is_set():
             self.report.sm_mhz.append(n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM))
-            mask = n.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle)
-            self.report.throttle |= {name for bit, name in reasons.items() if mask & bit}
+            self.report.throttle |= self.throttled()
             if i % 10 == 0:  # the process list is the slow query
                 pids = {p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(self.handle)}
                 self.report.others |= pids - self._ours

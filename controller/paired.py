@@ -61,6 +61,7 @@ class TurnStats:
     load: dict[str, dict] = field(default_factory=dict)
     gpu: dict[str, dict] = field(default_factory=dict)
     disturbances: list[str] = field(default_factory=list)
+    own_costs: list[str] = field(default_factory=list)  # the candidate's own throttling (gpu_load.py)
 
 
 @dataclass
@@ -89,6 +90,10 @@ class PairedRun:
     def disturbances(self) -> list[str]:
         return [d for b in self.block_disturbances for d in b]
 
+    @property
+    def own_costs(self) -> list[str]:
+        return [c for p in self.periods for t in p.turns for c in t.own_costs]
+
     def changes_output(self) -> list[str]:
         """Request ids on which B's tokens differ from A's."""
         a, b = self.outputs.get("A", {}), self.outputs.get("B", {})
@@ -110,9 +115,10 @@ def _drive(system, requests: Sequence[Request], out: dict, errors: list, start: 
 
 
 def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict,
-                slicer: Slicer | None = None) -> TurnStats:  # fmt: skip
+                slicer: Slicer | None = None, own: frozenset[str] = frozenset()) -> TurnStats:  # fmt: skip
     """Serve one turn (its labels concurrently, the others frozen; with a `slicer`, the turn's
-    labels share their core in time slices) and measure what else happened."""
+    labels share their core in time slices) and measure what else happened. `own`: the candidate's
+    label (none in an A/A run), whose GPU power cap is its own cost (gpu_load.py)."""
     labels = list(turn)
     key = str(slots[labels[0]])
     if slicer is not None:
@@ -133,7 +139,8 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
         cores = {lb: min(c) for lb in labels if (c := slots[lb].host_cores())}  # the load check's
         watches = {lb: w for lb in labels if (w := watch_for(slots[lb])) is not None}
         ours = {pid for s in systems.values() for pid in s.pids()}
-        for w in watches.values():
+        for w in watches.values():  # out of the last turn's throttle first, then watched
+            w.settle()
             w.start(ours)
         errors: list[Exception] = []
         barrier = threading.Barrier(len(labels))
@@ -180,7 +187,9 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
                     f"system{'s' * (len(on) > 1)} {who}")  # fmt: skip
     for lb, report in gpu.items():
         stats.gpu[lb] = report.to_json()
-        stats.disturbances += report.disturbances(str(slots[lb]))
+        stats.disturbances += report.disturbances(str(slots[lb]), own=lb in own)
+        if report.own_cap(lb in own):
+            stats.own_costs.append(f"{slots[lb]} ran under its power cap in {lb}'s turns")
     return stats
 
 
@@ -192,10 +201,11 @@ def run_period(
     logs: Path,
     tag: str,
     slicer: Slicer | None = None,
+    own: frozenset[str] = frozenset(),
 ) -> PeriodResult:
     """Start every system fresh on its slot (after its one prepare run), serve the schedule's
     turns in order, stop them all. Labels of one turn run concurrently and need distinct slots,
-    or, with a `slicer`, share one CPU slot in time slices."""
+    or, with a `slicer`, share one CPU slot in time slices. `own`: the candidate's label (_serve_turn)."""
     for label, tree in trees.items():
         adapter.prepare(
             tree.tree, tree.path, slots[label], logs / f"prepare-{label}-{tree.tree[:12]}.log", label
@@ -208,7 +218,7 @@ def run_period(
                                            label)  # fmt: skip
         ready = {label: system.wait_ready() for label, system in systems.items()}
         results: dict[str, dict[str, RequestResult]] = {label: {} for label in systems}
-        turns = [_serve_turn(systems, slots, turn, results, slicer) for turn in schedule]
+        turns = [_serve_turn(systems, slots, turn, results, slicer, own) for turn in schedule]
         usage = {}
         for label, s in systems.items():  # one at a time: the others stay frozen while one exits
             u = s.usage() | {
@@ -245,6 +255,7 @@ def paired_run(
     A block (noise.block_unit) is the unit of inference, fresh processes serving the same requests
     under A and B: a round, or in the sliced design one per slot (batch groups excepted)."""
     trees = {"A": baseline, "B": candidate}
+    own = frozenset({"B"}) if candidate.tree != baseline.tree else frozenset()  # none in an A/A run
     warm, measured = list(requests[:warmup]), list(requests[warmup:])
     if not measured:
         raise ValueError("no requests left after the warm-up")
@@ -258,7 +269,9 @@ def paired_run(
         for _ in range(rounds):
             b = len(run.blocks)
             rng = random.Random(f"{seed}:{b}")
-            periods = serve(adapter, trees, list(slots), warm, measured, logs, b, rng, progress, check_trees)
+            periods = serve(
+                adapter, trees, list(slots), warm, measured, logs, b, rng, progress, check_trees, own
+            )
             check_trees()
             blocks = [[p] for p in periods] if per_slot else [periods]
             for i, block in enumerate(blocks):
@@ -278,7 +291,7 @@ def paired_run(
 
 
 def _sliced_round(
-    adapter, trees, slots, warm, measured, logs, b, rng, progress, check_trees
+    adapter, trees, slots, warm, measured, logs, b, rng, progress, check_trees, own
 ) -> list[PeriodResult]:
     """A block per slot, side by side: on every slot A and B at once, sharing its core in time
     slices (the phases aligned across slots; which system has a core first is the phase the slicer
@@ -297,7 +310,7 @@ def _sliced_round(
     def serve(i: int, slot: Slot) -> None:
         try:
             periods[i] = run_period(adapter, trees, {"A": slot, "B": slot}, [{"A": warm + parts[i], "B": warm + parts[i]}],
-                                    logs, f"b{b + i}", slicer)  # fmt: skip
+                                    logs, f"b{b + i}", slicer, own)  # fmt: skip
         except Exception as e:  # re-raised below, in the caller's thread
             errors.append(e)
 
@@ -313,7 +326,7 @@ def _sliced_round(
 
 
 def _swapped_round(
-    adapter, trees, slots, warm, measured, logs, b, rng, progress, check_trees
+    adapter, trees, slots, warm, measured, logs, b, rng, progress, check_trees, own
 ) -> list[PeriodResult]:
     """Two periods, A and B concurrently on two slots, then swapped (which arrangement first: drawn)."""
     arrangements = [{"A": slots[0], "B": slots[1]}, {"A": slots[1], "B": slots[0]}]
@@ -322,14 +335,13 @@ def _swapped_round(
     for p, arr in enumerate(arrangements):
         progress(f"block {b + 1}, period {p + 1}/2: A on {arr['A']}, B on {arr['B']}")
         check_trees()
-        periods.append(
-            run_period(adapter, trees, arr, [{"A": warm + measured, "B": warm + measured}], logs, f"b{b}p{p}")
-        )
+        both = [{"A": warm + measured, "B": warm + measured}]
+        periods.append(run_period(adapter, trees, arr, both, logs, f"b{b}p{p}", own=own))
     return periods
 
 
 def _interleaved_round(
-    adapter, trees, slots, warm, measured, logs, b, rng, progress, check_trees
+    adapter, trees, slots, warm, measured, logs, b, rng, progress, check_trees, own
 ) -> list[PeriodResult]:
     """One period on one slot: both loaded, warm-up turns X, Y, then a turn per request in ABBA
     order — X r1, Y r1, Y r2, X r2, X r3, ... (X, Y drawn)."""
@@ -346,7 +358,7 @@ def _interleaved_round(
         first, second = (x, y) if i % 2 == 0 else (y, x)
         schedule += [{first: [req]}, {second: [req]}]
     with keep:
-        return [run_period(adapter, trees, {"A": slot, "B": slot}, schedule, logs, f"b{b}")]
+        return [run_period(adapter, trees, {"A": slot, "B": slot}, schedule, logs, f"b{b}", own=own)]
 
 
 def _write_raw(

@@ -1,0 +1,93 @@
+"""The GPU load check's findings (controller/gpu_load.py): which throttles are a disturbance and
+which are the candidate's own cost, and the settle before a turn.
+
+CI has no GPU, so `GpuWatch` reads a stand-in NVML here: the `pynvml` calls it makes, answered from
+a script of throttle masks (NVML's own bit values)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from specpilot.controller.gpu_load import POWER_CAP, GpuReport, GpuWatch
+
+SW_POWER_CAP, SW_THERMAL, GPU_IDLE = 0x4, 0x20, 0x1  # nvmlClocksThrottleReason* bits
+
+
+def test_a_power_cap_in_the_candidates_turn_is_its_own_cost():
+    capped = GpuReport(sm_mhz=[1980, 1650, 1410], throttle={POWER_CAP})
+    assert capped.disturbances("cuda:0", own=True) == []
+    assert capped.own_cap(True) and not capped.own_cap(False)
+    # The same turn of the baseline (or of either system in an A/A run): the cap and the clock it moved.
+    assert capped.disturbances("cuda:0") == [
+        "cuda:0 throttled (software power cap)",
+        "cuda:0's SM clock moved from 1980 to 1410 MHz",
+    ]
+
+
+def test_heat_other_processes_and_an_unexplained_clock_stay_disturbances_in_the_candidates_turn():
+    hot = GpuReport(sm_mhz=[1980, 1980], throttle={POWER_CAP, "software thermal slowdown"}, others={4242})
+    assert hot.disturbances("cuda:0", own=True) == [
+        "other processes used cuda:0: pids 4242",
+        "cuda:0 throttled (software thermal slowdown)",
+    ]
+    moved = GpuReport(sm_mhz=[1980, 1200])  # no cap of its own to explain it
+    assert moved.disturbances("cuda:0", own=True) == ["cuda:0's SM clock moved from 1980 to 1200 MHz"]
+    assert not moved.own_cap(True)
+
+
+class _Nvml(types.ModuleType):
+    """The pynvml calls GpuWatch makes, answering throttle masks from `masks` (the last one repeats)."""
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, masks: list[int]):
+        super().__init__("pynvml")
+        self.masks, self.polls = list(masks), 0
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
+        return ("gpu", index)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle) -> int:
+        self.polls += 1
+        return self.masks.pop(0) if len(self.masks) > 1 else self.masks[0]
+
+    def nvmlDeviceGetClockInfo(self, handle, clock: int) -> int:
+        return 1980
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle) -> list:
+        return []
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    def make(masks: list[int]) -> _Nvml:
+        module = _Nvml(masks)
+        monkeypatch.setitem(sys.modules, "pynvml", module)
+        return module
+
+    return make
+
+
+def test_settle_waits_until_the_last_turns_cap_is_gone(nvml):
+    fake = nvml([SW_POWER_CAP] * 5 + [GPU_IDLE])  # idle is no slowdown
+    watch = GpuWatch(0)
+    watch.settle(limit_s=60.0)
+    assert fake.polls == 6  # out of the cap at the sixth query, long before the limit
+    watch.settle()
+    assert fake.polls == 7  # nothing to wait for: one query
+
+
+def test_settle_gives_up_and_leaves_a_lasting_throttle_to_the_turns_samples(nvml):
+    nvml([SW_THERMAL])
+    watch = GpuWatch(0)
+    assert watch.settle(limit_s=0.05) >= 0.05
+    watch.start(set())
+    report = watch.stop()
+    assert report.throttle == {"software thermal slowdown"} and report.sm_mhz[0] == 1980
+    assert report.disturbances("cuda:0", own=True) == ["cuda:0 throttled (software thermal slowdown)"]
