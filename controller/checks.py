@@ -23,11 +23,23 @@ Each finding is an integrity violation: the comparison gets no approval, and the
   candidate slowed it, by design or by using a shared resource such as memory bandwidth, and the
   paired gain is inflated). Requests differ in speed (a prompt the drafter matches well runs twice
   as fast), so the record is per pool request and only requests both runs measured are compared.
+- Its work ran on into the baseline's turns (the interleaved design, `carryover`): freezing a
+  process leaves the kernels it queued on its GPU running, so a candidate can launch work as it
+  answers and slow the baseline's next turn. In ABBA order a pair's first turn follows its own
+  system's turn and its second the other's; the requests keep their places from block to block and
+  who goes first is drawn per block, so each system's slowdown right after the other's turn is
+  estimated apart from the request and the block (least squares). A slowdown both ways (caches
+  both systems warm for themselves) cancels in the pair; the candidate's excess over the
+  baseline's, beyond `CARRYOVER_FLOOR` and significant at `CARRYOVER_ALPHA`, is a finding.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+
+import numpy as np
+from scipy import stats
 
 from .paired import PairedRun
 
@@ -38,6 +50,10 @@ WORK_FLOOR = 0.5  # B's CPU per serving second must be at least this share of A'
 COMPUTE_BOUND = 0.5  # ... where A computes on its CPU core (a GPU engine or a fake that sleeps does not)
 BASELINE_FLOOR = 0.85  # the baseline's median speed ratio to its record must be at least this
 MIN_OVERLAP = 3  # requests measured both now and in the record before the ratio means anything
+# The baseline may run this much slower (log time) right after the candidate's turns, beyond the
+# candidate's own slowdown after the baseline's, before it is a finding (half of it reaches the gain),
+CARRYOVER_FLOOR = 0.01
+CARRYOVER_ALPHA = 0.001  # ... and only where the excess is this unlikely without one
 
 
 def violations(run: PairedRun) -> list[str]:
@@ -69,7 +85,54 @@ def violations(run: PairedRun) -> list[str]:
             if ua >= COMPUTE_BOUND and ub < WORK_FLOOR * ua and wall["B"] < wall["A"]:
                 out.append(f"system B used {ub:.2f} CPU-s per second of serving against the baseline's {ua:.2f}: "
                            "tokens without compute")  # fmt: skip
+    out += carryover(run)
     return sorted(set(out), key=out.index)
+
+
+def carryover(run: PairedRun) -> list[str]:
+    """The baseline's slowdown right after the candidate's turns, beyond the candidate's after the
+    baseline's (interleaved runs only; too few blocks of either order to tell: no finding)."""
+    if run.design != "interleaved":
+        return []
+    fits = [_after_other(run, lb) for lb in ("A", "B")]
+    if None in fits:
+        return []
+    (ca, sa, dfa), (cb, sb, dfb) = fits
+    excess, se = ca - cb, math.hypot(sa, sb)
+    if excess > CARRYOVER_FLOOR and excess > float(stats.t.ppf(1 - CARRYOVER_ALPHA, min(dfa, dfb))) * se:
+        return [f"the baseline ran {math.expm1(ca):.1%} slower right after the candidate's turns than after its own, "
+                f"the candidate {math.expm1(cb):+.1%} after the baseline's (excess {excess:.1%} ± {se:.1%}): the "
+                "candidate's work runs on into the baseline's turns"]  # fmt: skip
+    return []
+
+
+def _after_other(run: PairedRun, label: str) -> tuple[float, float, int] | None:
+    """(c, its standard error, degrees of freedom): the log time by which `label` serves a request
+    more slowly right after the other system's turn than after its own, fitted with an effect per
+    block and per request; None where the run cannot tell them apart."""
+    rows = []
+    for k, period in enumerate(run.periods):
+        served = sorted(
+            (r.t_send, lb, rid, r) for lb, res in period.results.items() for rid, r in res.items()
+        )
+        for (_, prev, _, _), (_, lb, rid, r) in zip(served, served[1:], strict=False):
+            if lb == label and rid not in run.warmup_ids and r.tokens and r.seconds > 0:
+                rows.append((k, rid, prev != lb, math.log(r.seconds / len(r.tokens))))
+    blocks, reqs = sorted({r[0] for r in rows}), sorted({r[1] for r in rows})
+    x = np.zeros((len(rows), len(blocks) + len(reqs)))
+    for i, (k, rid, other, _) in enumerate(rows):
+        x[i, blocks.index(k)] = 1.0
+        if (j := reqs.index(rid)) > 0:  # the first request is the reference
+            x[i, len(blocks) + j - 1] = 1.0
+        x[i, -1] = float(other)
+    dof = len(rows) - x.shape[1]
+    if dof < 1 or np.linalg.matrix_rank(x) < x.shape[1]:
+        return None
+    y = np.array([r[3] for r in rows])
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    resid = y - x @ beta
+    cov = float(resid @ resid) / dof * np.linalg.inv(x.T @ x)
+    return float(beta[-1]), math.sqrt(max(float(cov[-1, -1]), 0.0)), dof
 
 
 def _untimed(period) -> list[str]:

@@ -138,10 +138,9 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
     try:
         cores = {lb: min(c) for lb in labels if (c := slots[lb].host_cores())}  # the load check's
         watches = {lb: w for lb in labels if (w := watch_for(slots[lb])) is not None}
-        ours = {pid for s in systems.values() for pid in s.pids()}
-        for w in watches.values():  # out of the last turn's throttle first, then watched
-            w.settle()
-            w.start(ours)
+        for lb, w in watches.items():  # out of the last turn's throttle first, then watched
+            w.settle()  # a GPU's own systems are those on its slot: one on another GPU is other load here
+            w.start({pid for o, s in systems.items() if slots[o] == slots[lb] for pid in s.pids()})
         errors: list[Exception] = []
         barrier = threading.Barrier(len(labels))
         finish = (lambda lb: lambda: slicer.finish(key, lb)) if slicer else (lambda lb: lambda: None)
@@ -353,12 +352,18 @@ def _interleaved_round(
     on = f" (host core {min(slot.host)})" if slot.host else ""
     progress(f"block {b + 1}: {x} and {y} taking turns on {slot}{on}, a request at a time")
     check_trees()
-    schedule: list[Turn] = [{x: warm}, {y: warm}] if warm else []
+    with keep:
+        schedule = interleaved_schedule(warm, measured, x, y)
+        return [run_period(adapter, trees, {"A": slot, "B": slot}, schedule, logs, f"b{b}", own=own)]
+
+
+def interleaved_schedule(warm: Sequence[Request], measured: Sequence[Request], x: str, y: str) -> list[Turn]:
+    """Warm-up turns X, Y, then a turn per request in ABBA order: X r1, Y r1, Y r2, X r2, X r3, ..."""
+    schedule: list[Turn] = [{x: list(warm)}, {y: list(warm)}] if warm else []
     for i, req in enumerate(measured):
         first, second = (x, y) if i % 2 == 0 else (y, x)
         schedule += [{first: [req]}, {second: [req]}]
-    with keep:
-        return [run_period(adapter, trees, {"A": slot, "B": slot}, schedule, logs, f"b{b}", own=own)]
+    return schedule
 
 
 def _write_raw(
