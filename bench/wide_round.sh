@@ -4,7 +4,8 @@
 # then, here, after each call: rm -rf .gpu/state && cp -r <files_at>/state .gpu/state
 # Each call picks up where the last stopped: the W12 entry's GPU tests (once), then `specpilot round
 # --deployment wide-h200` with the memory agent (Phase 0 on its first call; a round cut short
-# resumes), seal-check, refspec's CUDA tests and the W12 pass timing, each when the call has time.
+# resumes), seal-check, refspec's CUDA tests, a hostile candidate against the carryover check
+# (bench/hostile_gpu.py) and the W12 pass timing, each when the call has time.
 # The SpecPilot home travels as .gpu/state/home.tgz when the machine was given back in between.
 set -uo pipefail
 deadline=$(( $(date +%s) + ${1:-570} ))
@@ -35,6 +36,11 @@ fi
 if [ -f "$state/round_done" ] && [ ! -f "$state/tests_cuda.log" ] && [ "$(left)" -gt 120 ]; then
   timeout 100 python3 -m pytest -q tests/gpu/test_refspec_cuda.py > "$state/tests_cuda.log" 2>&1
   echo "rc=$?" >> "$state/tests_cuda.log"; tail -5 "$state/tests_cuda.log"
+fi
+if [ -f "$state/round_done" ] && [ ! -f "$state/hostile_gpu.json" ] && [ "$(left)" -gt 200 ]; then
+  # The carryover check on the device: GPU spin queued behind each answer must not be approved.
+  (cd bench && timeout $(( $(left) - 30 )) python3 hostile_gpu.py --home /root/sp/home --deployment wide-h200 \
+    --only queued-spin-10ms --json "../$state/hostile_gpu.json" 2>&1 | tail -5)
 fi
 if [ -f "$state/round_done" ] && [ ! -f "$state/w12_pass.json" ] && [ "$(left)" -gt 150 ]; then
   timeout $(( $(left) - 20 )) python3 bench/w12_pass.py --model .gpu/wide/models/wide27b-8l --rounds 2 --rows 1,9 \
