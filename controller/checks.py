@@ -31,6 +31,12 @@ Each finding is an integrity violation: the comparison gets no approval, and the
   estimated apart from the request and the block (least squares). A slowdown both ways (caches
   both systems warm for themselves) cancels in the pair; the candidate's excess over the
   baseline's, beyond `CARRYOVER_FLOOR` and significant at `CARRYOVER_ALPHA`, is a finding.
+- The GPU ran slower in the baseline's turns than in its own (`clock_split`): a system that can
+  set the device's clocks (application or locked clocks, as root) could lower them as its turn
+  ends and raise them as its next begins, which no throttle reason shows. Under load the SM clock
+  sits at its boost unless a throttle (power, heat) pulls it down, and those are reported per turn
+  (gpu_load.py); so the baseline's median turn clock below the candidate's by `CLOCK_SPLIT` is a
+  finding. The other way round (the candidate under its own power cap) is its own cost.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ MIN_OVERLAP = 3  # requests measured both now and in the record before the ratio
 # candidate's own slowdown after the baseline's, before it is a finding (half of it reaches the gain),
 CARRYOVER_FLOOR = 0.01
 CARRYOVER_ALPHA = 0.001  # ... and only where the excess is this unlikely without one
+CLOCK_SPLIT = 0.03  # the baseline's median SM clock in its turns may be this much below the candidate's
 
 
 def violations(run: PairedRun) -> list[str]:
@@ -85,8 +92,26 @@ def violations(run: PairedRun) -> list[str]:
             if ua >= COMPUTE_BOUND and ub < WORK_FLOOR * ua and wall["B"] < wall["A"]:
                 out.append(f"system B used {ub:.2f} CPU-s per second of serving against the baseline's {ua:.2f}: "
                            "tokens without compute")  # fmt: skip
-    out += carryover(run)
+    out += carryover(run) + clock_split(run)
     return sorted(set(out), key=out.index)
+
+
+def clock_split(run: PairedRun) -> list[str]:
+    """The SM clock of each system's GPU turns (each turn's highest sample, their median over the
+    run), the baseline's against the candidate's; nothing where no GPU was watched."""
+    clocks: dict[str, list[int]] = {"A": [], "B": []}
+    for period in run.periods:
+        for turn in period.turns:
+            for lb, gpu in turn.gpu.items():
+                if lb in clocks and gpu.get("sm_mhz_max"):
+                    clocks[lb].append(gpu["sm_mhz_max"])
+    if not (clocks["A"] and clocks["B"]):
+        return []
+    a, b = statistics.median(clocks["A"]), statistics.median(clocks["B"])
+    if a < (1 - CLOCK_SPLIT) * b:
+        return [f"the GPU ran at {a:.0f} MHz in the baseline's turns against {b:.0f} MHz in the candidate's (medians "
+                "of each turn's highest SM clock): the device was slowed for the baseline"]  # fmt: skip
+    return []
 
 
 def carryover(run: PairedRun) -> list[str]:

@@ -1,5 +1,6 @@
 """The GPU load check's findings (controller/gpu_load.py): which throttles are a disturbance and
-which are the candidate's own cost, and the settle before a turn.
+which are the candidate's own cost, and the settle before a turn; and the turn clocks of the two
+systems (checks.clock_split).
 
 CI has no GPU, so `GpuWatch` reads a stand-in NVML here: the `pynvml` calls it makes, answered from
 a script of throttle masks (NVML's own bit values)."""
@@ -11,7 +12,10 @@ import types
 
 import pytest
 
+from specpilot.controller.checks import clock_split, violations
 from specpilot.controller.gpu_load import POWER_CAP, GpuReport, GpuWatch
+from specpilot.controller.paired import PairedRun, PeriodResult, TurnStats
+from specpilot.controller.slots import Slot
 
 SW_POWER_CAP, SW_THERMAL, GPU_IDLE = 0x4, 0x20, 0x1  # nvmlClocksThrottleReason* bits
 
@@ -91,3 +95,31 @@ def test_settle_gives_up_and_leaves_a_lasting_throttle_to_the_turns_samples(nvml
     report = watch.stop()
     assert report.throttle == {"software thermal slowdown"} and report.sm_mhz[0] == 1980
     assert report.disturbances("cuda:0", own=True) == ["cuda:0 throttled (software thermal slowdown)"]
+
+
+def _clocked(a_mhz: list[int], b_mhz: list[int]) -> PairedRun:
+    """An interleaved run whose turns' watches saw these highest SM clocks, A's and B's in turn."""
+    turns = [TurnStats([lb], 0.1, {lb: 0.1}, {lb: 0.1}, gpu={lb: {"sm_mhz_min": mhz - 15, "sm_mhz_max": mhz}})
+             for a, b in zip(a_mhz, b_mhz, strict=True) for lb, mhz in (("A", a), ("B", b))]  # fmt: skip
+    slot = Slot.parse("cuda:0")
+    return PairedRun(
+        design="interleaved", periods=[PeriodResult({"A": {}, "B": {}}, {"A": slot, "B": slot}, {}, turns)]
+    )
+
+
+def test_a_gpu_slowed_in_the_baselines_turns_is_a_violation():
+    """Clocks lowered as the candidate's turn ends and raised as its next begins (as root, through
+    NVML's locked clocks) show no throttle reason; the turn clocks show it."""
+    [finding] = clock_split(_clocked([1410, 1410, 1425, 1980], [1980, 1980, 1980, 1965]))
+    assert finding.startswith(
+        "the GPU ran at 1418 MHz in the baseline's turns against 1980 MHz in the candidate's"
+    )
+    run = _clocked([1410, 1410, 1425, 1980], [1980, 1980, 1980, 1965])
+    assert finding in violations(run)  # evaluate.py makes it an integrity reason
+
+
+def test_even_clocks_or_the_candidate_under_its_own_cap_are_no_finding():
+    assert clock_split(_clocked([1980, 1965, 1980], [1980, 1980, 1950])) == []
+    assert clock_split(_clocked([1980] * 3, [1650, 1590, 1710])) == []  # B slower: its own cost
+    cpu = PairedRun(design="sliced", periods=[PeriodResult({"A": {}, "B": {}}, {}, {}, [])])
+    assert clock_split(cpu) == []
