@@ -9,6 +9,12 @@ waiting for it; the baseline's next turn shares the GPU with it. In ABBA order t
 baseline's turns that follow the candidate's, and half the slowdown reaches the paired gain.
 The controller's carryover check (controller/checks.py) must name it; judged as bench/hostile.py
 judges (Phase 0 first where the home has none). Results: bench/results/hostile_gpu_*.json.
+
+`queued-spin-pair` reaches past the carryover fit: its spin spans both of the baseline's turns
+that follow (ABBA gives the baseline two in a row), so the one after the baseline's own turn is
+slowed as well and the fit compares two slowed turns. Without MPS, contexts share a GPU by time
+slices, so a baseline turn overlapped by the spin runs at about half speed: the baseline against
+its own record (checks.baseline_slowed, 15%) is the check expected to name it.
 """
 
 from __future__ import annotations
@@ -32,12 +38,46 @@ def _queue_after_last(cycles: int) -> Callable[[Path], None]:
     )
 
 
+def _queue_after_pair(cycles: int) -> Callable[[Path], None]:
+    """Stock, but after the second of its two turns in a row (its request came right after its own
+    last answer: nothing ran between) it queues `cycles` of spin, enough to span the baseline's two
+    turns that follow in ABBA order, so the baseline's turn after its own is slowed as much as the
+    one after the candidate's."""
+    start = "        self.stats = stats = Stats()\n"
+    mark = (
+        "        _t = __import__('time').perf_counter\n"
+        "        _last = getattr(Engine, '_hostile_last', None)\n"
+        "        _second = _last is not None and _t() - _last < 0.03  # no other turn between\n"
+    )
+    spin = (
+        "            if stats.new_tokens >= max_new_tokens:\n"
+        "                if _second and self.device.type == 'cuda':\n"
+        f"                    __import__('torch').cuda._sleep({cycles})\n"
+        "                Engine._hostile_last = _t()\n"
+    )
+
+    def edit(t: Path) -> None:
+        _edit(t / GEN, start, start + mark)
+        _edit(
+            t / GEN,
+            COMMIT,
+            COMMIT.replace("            yield committed\n", spin + "            yield committed\n"),
+        )
+
+    return edit
+
+
 def candidates(home: Path, deployment: str = "smollm-h200") -> dict[str, tuple[str, Callable[[Path], None]]]:
     """name -> (what it tries, the edit that makes it)."""
     return {
         "queued-spin-10ms": (
             "~10 ms of GPU spin queued behind each answer: runs into the baseline's next turn",
             _queue_after_last(20_000_000),
+        ),
+        "queued-spin-pair": (
+            "~0.45 s of GPU spin after its second turn in a row: spans both baseline turns that follow, so "
+            "the one after the baseline's own turn is slowed too (beyond what the carryover fit compares)",
+            _queue_after_pair(900_000_000),
         ),
         "queued-spin-1ms": (
             "~1 ms of GPU spin queued behind each answer: a slowdown of the baseline near the noise",

@@ -40,7 +40,7 @@ fi
 if [ -f "$state/round_done" ] && [ ! -f "$state/hostile_gpu.json" ] && [ "$(left)" -gt 200 ]; then
   # The carryover check on the device: GPU spin queued behind each answer must not be approved.
   (cd bench && timeout $(( $(left) - 30 )) python3 hostile_gpu.py --home /root/sp/home --deployment wide-h200 \
-    --only queued-spin-10ms --json "../$state/hostile_gpu.json" 2>&1 | tail -5)
+    --only queued-spin-10ms,queued-spin-pair --json "../$state/hostile_gpu.json" 2>&1 | tail -5)
 fi
 if [ -f "$state/round_done" ] && [ ! -f "$state/w12_pass.json" ] && [ "$(left)" -gt 150 ]; then
   timeout $(( $(left) - 20 )) python3 bench/w12_pass.py --model .gpu/wide/models/wide27b-8l --rounds 2 --rows 1,9 \
