@@ -29,8 +29,8 @@ Each finding is an integrity violation: the comparison gets no approval, and the
   system's turn and its second the other's; the requests keep their places from block to block and
   who goes first is drawn per block, so each system's slowdown right after the other's turn is
   estimated apart from the request and the block (least squares). A slowdown both ways (caches
-  both systems warm for themselves) cancels in the pair; the candidate's excess over the
-  baseline's, beyond `CARRYOVER_FLOOR` and significant at `CARRYOVER_ALPHA`, is a finding.
+  both systems warm for themselves) cancels in the pair; the baseline's slowdown in excess of the
+  candidate's, beyond `CARRYOVER_FLOOR` and significant at `CARRYOVER_ALPHA`, is a finding.
 - The GPU ran slower in the baseline's turns than in its own (`clock_split`): a system that can
   set the device's clocks (application or locked clocks, as root) could lower them as its turn
   ends and raise them as its next begins, which no throttle reason shows. Under load the SM clock
@@ -57,7 +57,7 @@ COMPUTE_BOUND = 0.5  # ... where A computes on its CPU core (a GPU engine or a f
 BASELINE_FLOOR = 0.85  # the baseline's median speed ratio to its record must be at least this
 MIN_OVERLAP = 3  # requests measured both now and in the record before the ratio means anything
 # The baseline may run this much slower (log time) right after the candidate's turns, beyond the
-# candidate's own slowdown after the baseline's, before it is a finding (half of it reaches the gain),
+# candidate's own slowdown after the baseline's, before it is a finding (half of it reaches the gain)
 CARRYOVER_FLOOR = 0.01
 CARRYOVER_ALPHA = 0.001  # ... and only where the excess is this unlikely without one
 CLOCK_SPLIT = 0.03  # the baseline's median SM clock in its turns may be this much below the candidate's
