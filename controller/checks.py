@@ -27,7 +27,7 @@ Each finding is an integrity violation: the comparison gets no approval, and the
   process leaves the kernels it queued on its GPU running, so a candidate can launch work as it
   answers and slow the baseline's next turn. In ABBA order a pair's first turn follows its own
   system's turn and its second the other's; the requests keep their places from block to block and
-  who goes first is drawn per block, so each system's slowdown right after the other's turn is
+  who goes first swaps from block to block, so each system's slowdown right after the other's turn is
   estimated apart from the request and the block (least squares). A slowdown both ways (caches
   both systems warm for themselves) cancels in the pair; the baseline's slowdown in excess of the
   candidate's, beyond `CARRYOVER_FLOOR` and significant at `CARRYOVER_ALPHA`, is a finding.
@@ -59,7 +59,7 @@ MIN_OVERLAP = 3  # requests measured both now and in the record before the ratio
 # The baseline may run this much slower (log time) right after the candidate's turns, beyond the
 # candidate's own slowdown after the baseline's, before it is a finding (half of it reaches the gain)
 CARRYOVER_FLOOR = 0.01
-CARRYOVER_ALPHA = 0.001  # ... and only where the excess is this unlikely without one
+CARRYOVER_ALPHA = 0.01  # ... and only where the excess is this unlikely without one
 CLOCK_SPLIT = 0.03  # the baseline's median SM clock in its turns may be this much below the candidate's
 
 

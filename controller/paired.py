@@ -11,7 +11,8 @@ Three designs (`Deployment.design` picks one per deployment):
   speed cancels (d_i of stats.RequestSpeeds). Which arrangement comes first is drawn per block.
 - **interleaved** (one GPU slot): both systems are loaded on it, their processes on one host core
   drawn per block (placement.py), and take turns, the other frozen, a request at a time in ABBA order: X serves request 1, then Y, then Y serves
-  request 2, then X, and so on (X, Y drawn per block). Each system serves each request once per
+  request 2, then X, and so on (X, Y drawn once a comparison and swapped from block to block, so
+  any two blocks hold both orders, which checks.carryover needs). Each system serves each request once per
   process, so nothing it keeps from one turn helps it in another; a request's two runs are one
   request apart, and a drift in the device's speed cancels pair by pair (d_i of stats.PairSpeeds).
   (Turns of half the requests each left a request's runs ~0.6 s apart on an H200, and the speed
@@ -25,6 +26,7 @@ to be ready, other load on its core or GPU) is kept per turn for the checks in c
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import random
 import threading
@@ -258,7 +260,9 @@ def paired_run(
     warm, measured = list(requests[:warmup]), list(requests[warmup:])
     if not measured:
         raise ValueError("no requests left after the warm-up")
-    serve = {"sliced": _sliced_round, "swapped": _swapped_round, "interleaved": _interleaved_round}[design]
+    order = tuple(random.Random(f"{seed}:order").sample(["A", "B"], 2))  # interleaved: X, Y of even blocks
+    serve = {"sliced": _sliced_round, "swapped": _swapped_round,
+             "interleaved": functools.partial(_interleaved_round, order=order)}[design]  # fmt: skip
     run = run or PairedRun(design=design)
     run.warmup_ids |= {r.id for r in warm}
     raw.parent.mkdir(parents=True, exist_ok=True)
@@ -340,11 +344,11 @@ def _swapped_round(
 
 
 def _interleaved_round(
-    adapter, trees, slots, warm, measured, logs, b, rng, progress, check_trees, own
+    adapter, trees, slots, warm, measured, logs, b, rng, progress, check_trees, own, order
 ) -> list[PeriodResult]:
     """One period on one slot: both loaded, warm-up turns X, Y, then a turn per request in ABBA
-    order — X r1, Y r1, Y r2, X r2, X r3, ... (X, Y drawn)."""
-    x, y = rng.sample(["A", "B"], 2)
+    order — X r1, Y r1, Y r2, X r2, X r3, ... (X, Y: `order` in even blocks, swapped in odd ones)."""
+    x, y = order if b % 2 == 0 else order[::-1]
     slot, keep = slots[0], contextlib.nullcontext()
     if slot.kind != "cpu":  # a GPU slot: both systems on one host core drawn for the block (placement.py)
         host, others = pair_cores(available_cores(), rng)

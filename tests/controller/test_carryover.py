@@ -1,8 +1,8 @@
 """The carryover check (controller/checks.py): in the interleaved design, the candidate's work
 running on into the baseline's turns (a GPU's queued kernels outlive a frozen process).
 
-The runs are laid out in the order `paired.interleaved_schedule` serves them, X and Y drawn per
-block as `_interleaved_round` draws them; each turn's time is a request's own length times a block
+The runs are laid out in the order `paired.interleaved_schedule` serves them, X and Y drawn once
+and swapped block by block as `paired_run` orders them; each turn's time is a request's own length times a block
 factor, the system's speed, noise, and a planted slowdown when the turn follows the other system's.
 """
 
@@ -32,8 +32,9 @@ def _run(seed: int, *, into_a: float = 0.0, into_b: float = 0.0, blocks: int = 8
     length = {r.id: rng.uniform(0.05, 0.5) for r in warm + measured}  # requests differ in length
     slot = Slot.parse("cuda:0")
     run = PairedRun(design=design, warmup_ids={"w0"})
-    for _ in range(blocks):
-        x, y = order or draw.sample(["A", "B"], 2)
+    first = draw.sample(["A", "B"], 2)
+    for k in range(blocks):
+        x, y = order or (first if k % 2 == 0 else first[::-1])
         shift = rng.normal(0, 0.02)  # a block's processes run a little fast or slow
         results: dict[str, dict[str, RequestResult]] = {"A": {}, "B": {}}
         clock, prev = 0.0, None
@@ -78,7 +79,8 @@ def test_the_baseline_slowing_the_candidate_or_a_slowdown_below_the_floor_is_no_
 
 
 def test_a_run_that_cannot_tell_the_orders_apart_is_no_finding():
-    # Who goes first is the same in every block: "after the other's turn" is then the request's place.
+    # Who goes first the same in every block (as when it was drawn per block, a quarter of 3-block
+    # runs): "after the other's turn" is then the request's place.
     assert carryover(_run(0, into_a=0.2, order="AB")) == []
     assert carryover(_run(0, into_a=0.2, blocks=1)) == []
     assert carryover(_run(0, into_a=0.2, design="sliced")) == []
