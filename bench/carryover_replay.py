@@ -21,7 +21,8 @@ from pathlib import Path
 
 from specpilot.controller.checks import _after_other, carryover
 from specpilot.controller.engine import RequestResult
-from specpilot.controller.paired import PairedRun, PeriodResult
+from specpilot.controller.paired import PairedRun
+from specpilot.controller.period import PeriodResult
 
 
 def runs_in(path: Path) -> dict[str, list[dict]]:

@@ -23,7 +23,8 @@ from .adapters import adapter_for
 from .context import digest, draw_requests, flatten, more_requests, slots_of, workspace
 from .engine import Request, SystemFailed
 from .forcing import AuditResult, ScoredOutput, audit
-from .paired import paired_run, run_period
+from .paired import paired_run
+from .period import run_period
 from .slots import lease
 from .systems import checkout
 

@@ -40,9 +40,9 @@ class GpuReport:
         return {"sm_mhz_min": lo, "sm_mhz_max": hi, "samples": len(self.sm_mhz), "throttle": sorted(self.throttle),
                 "other_pids": sorted(self.others)}  # fmt: skip
 
-    def own_cap(self, own: bool) -> bool:
-        """Whether the turn ran under a power cap of its own (`own`: the candidate's turn)."""
-        return own and POWER_CAP in self.throttle
+    @property
+    def power_capped(self) -> bool:
+        return POWER_CAP in self.throttle
 
     def disturbances(self, where: str, own: bool = False) -> list[str]:
         """What else slowed the GPU in the turn. `own`: the turn is the candidate's, so a power cap
@@ -54,7 +54,7 @@ class GpuReport:
         if throttle:
             out.append(f"{where} throttled ({', '.join(sorted(throttle))})")
         moved = self.sm_mhz and min(self.sm_mhz) < (1 - CLOCK_RANGE_LIMIT) * max(self.sm_mhz)
-        if moved and not self.own_cap(own):
+        if moved and not (own and self.power_capped):
             out.append(f"{where}'s SM clock moved from {max(self.sm_mhz)} to {min(self.sm_mhz)} MHz")
         return out
 
@@ -78,13 +78,12 @@ class GpuWatch:
         mask = self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle)
         return {name for bit, name in SLOWDOWN.items() if mask & bit}
 
-    def settle(self, limit_s: float = SETTLE_S) -> float:
-        """Wait (up to `limit_s`) until the GPU throttles no more; the seconds waited. A throttle
-        that outlasts the wait is left to the turn's own samples."""
-        t0 = time.perf_counter()
-        while self.throttled() and time.perf_counter() - t0 < limit_s:
+    def settle(self, limit_s: float = SETTLE_S) -> None:
+        """Wait (up to `limit_s`) until the GPU throttles no more; a throttle that outlasts the wait
+        is left to the turn's own samples."""
+        end = time.perf_counter() + limit_s
+        while self.throttled() and time.perf_counter() < end:
             time.sleep(SETTLE_POLL_S)
-        return time.perf_counter() - t0
 
     def start(self, ours: set[int]) -> None:
         self.report, self._ours, self._stop = GpuReport(), ours | {os.getpid()}, threading.Event()

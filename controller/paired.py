@@ -20,7 +20,7 @@ Three designs (`Deployment.design` picks one per deployment):
   kernels running.)
 Warm-up requests are served first and discarded. Every timestamp is the controller's; every line
 is written to the raw file. What each system did besides answering (its CPU time, how long it took
-to be ready, other load on its core or GPU) is kept per turn for the checks in checks.py.
+to be ready, other load on its core or GPU) is kept per turn (period.py) for the checks in checks.py.
 """
 
 from __future__ import annotations
@@ -30,52 +30,18 @@ import functools
 import json
 import random
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .engine import EngineAdapter, Group, Request, RequestResult, SystemFailed
-from .gpu_load import watch_for
-from .load import core_times, foreign_load, over_turns
+from .engine import EngineAdapter, Group, Request
 from .noise import block_unit
+from .period import PeriodResult, Turn, run_period
 from .placement import available_cores, keep_off, pair_cores
-from .slicer import SLICE_S, Slicer, active
+from .slicer import SLICE_S, Slicer
 from .slots import Slot
 from .stats import PairSpeeds, RequestSpeeds
 from .systems import SystemTree
-
-# A request may take this long per new token (plus a fixed allowance) before the system is hung.
-SECONDS_PER_TOKEN_LIMIT = 2.0
-
-Turn = dict[str, list[Request]]  # system label -> the requests it serves in this turn (labels concurrently)
-
-
-@dataclass
-class TurnStats:
-    """What happened while a turn was served: per label its CPU seconds and serving window, and the
-    other load on each slot it used (CPU: /proc/stat; GPU: NVML)."""
-
-    labels: list[str]
-    wall_s: float
-    cpu_s: dict[str, float]
-    served_s: dict[str, float]  # from the turn's start to the label's last answer (sliced: time it ran)
-    load: dict[str, dict] = field(default_factory=dict)
-    gpu: dict[str, dict] = field(default_factory=dict)
-    disturbances: list[str] = field(default_factory=list)
-    own_costs: list[str] = field(default_factory=list)  # the candidate's own throttling (gpu_load.py)
-
-
-@dataclass
-class PeriodResult:
-    results: dict[str, dict[str, RequestResult]]  # system label -> request id -> result
-    slots: dict[str, Slot]  # system label -> slot
-    usage: dict[str, dict]  # system label -> cpu/wall/cores at the end, ready_s
-    turns: list[TurnStats] = field(default_factory=list)
-
-    @property
-    def disturbances(self) -> list[str]:
-        return [d for t in self.turns for d in t.disturbances] + over_turns([t.load for t in self.turns])
 
 
 @dataclass
@@ -100,137 +66,6 @@ class PairedRun:
         """Request ids on which B's tokens differ from A's."""
         a, b = self.outputs.get("A", {}), self.outputs.get("B", {})
         return sorted(i for i in a if a[i] != b.get(i))
-
-
-def _drive(system, requests: Sequence[Request], out: dict, errors: list, start: threading.Barrier,
-           done: Callable[[], None]) -> None:  # fmt: skip
-    try:
-        start.wait()
-        for req in requests:
-            # A sliced system runs about half the wall time; the limit is generous either way.
-            out[req.id] = system.run(req, timeout_s=30.0 + SECONDS_PER_TOKEN_LIMIT * req.max_new_tokens)
-    except (SystemFailed, threading.BrokenBarrierError) as e:
-        errors.append(e)
-        start.abort()
-    finally:
-        done()
-
-
-def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict,
-                slicer: Slicer | None = None, own: frozenset[str] = frozenset()) -> TurnStats:  # fmt: skip
-    """Serve one turn (its labels concurrently, the others frozen; with a `slicer`, the turn's
-    labels share their core in time slices) and measure what else happened. `own`: the candidate's
-    label (none in an A/A run), whose GPU power cap is its own cost (gpu_load.py)."""
-    labels = list(turn)
-    key = str(slots[labels[0]])
-    if slicer is not None:
-        for lb in labels:  # a process-group signal misses a process that left the group (setsid)
-            if not systems[lb].freezes_whole:
-                raise SystemFailed(
-                    f"system {lb} cannot be frozen whole (no writable cgroup freezer here), so it cannot share "
-                    "its core in time slices: run where /sys/fs/cgroup is writable, or set "
-                    'controller.design = "swapped" in the deployment',
-                    "",
-                )
-        slicer.attach(key, {lb: systems[lb] for lb in labels})
-    else:
-        for label, system in systems.items():
-            system.pause(label not in turn)
-    runs = None
-    try:
-        cores = {lb: min(c) for lb in labels if (c := slots[lb].host_cores())}  # the load check's
-        watches = {lb: w for lb in labels if (w := watch_for(slots[lb])) is not None}
-        for lb, w in watches.items():  # out of the last turn's throttle first, then watched
-            w.settle()  # a GPU's own systems are those on its slot: one on another GPU is other load here
-            w.start({pid for o, s in systems.items() if slots[o] == slots[lb] for pid in s.pids()})
-        errors: list[Exception] = []
-        barrier = threading.Barrier(len(labels))
-        finish = (lambda lb: lambda: slicer.finish(key, lb)) if slicer else (lambda lb: lambda: None)
-        threads = [threading.Thread(target=_drive, args=(systems[lb], turn[lb], results[lb], errors, barrier, finish(lb)))
-                   for lb in labels]  # fmt: skip
-        cpu0 = {lb: systems[lb].usage()["cpu_s"] for lb in labels}
-        t0, cores0, harness0 = time.perf_counter(), core_times(list(cores.values())), time.process_time()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall, cores1, harness = (
-            time.perf_counter() - t0,
-            core_times(list(cores.values())),
-            time.process_time() - harness0,
-        )
-        gpu = {lb: w.stop() for lb, w in watches.items()}
-    finally:  # whatever failed, the core is the slicer's no more (every system left frozen)
-        if slicer is not None:
-            runs = slicer.detach(key)
-    if errors:
-        raise errors[0]
-    cpu = {lb: systems[lb].usage()["cpu_s"] - cpu0[lb] for lb in labels}
-    last = {lb: max(r.t_done for r in (results[lb][q.id] for q in turn[lb])) for lb in labels}
-    if runs is None:
-        served = {lb: last[lb] - t0 for lb in labels}
-    else:  # a request's time, and a label's serving window, is the time its system ran
-        for lb in labels:
-            for q in turn[lb]:
-                r = results[lb][q.id]
-                r.active_s = active(runs[lb], r.t_send, r.t_done)
-        served = {lb: active(runs[lb], t0, last[lb]) for lb in labels}
-    stats = TurnStats(labels, wall, cpu, served)
-    for c in set(cores.values()):
-        on = [lb for lb in labels if cores.get(lb) == c]
-        if c in cores0 and c in cores1:
-            ld = foreign_load(cores0[c], cores1[c], sum(cpu[lb] for lb in on), wall, harness) | {"core": c}
-            stats.load |= dict.fromkeys(on, ld)
-            if ld["disturbed"]:
-                who = " and ".join(on)
-                stats.disturbances.append(
-                    f"other load on cpu:{c}: {ld['foreign_share']:.0%} of the turn went to something besides "
-                    f"system{'s' * (len(on) > 1)} {who}")  # fmt: skip
-    for lb, report in gpu.items():
-        stats.gpu[lb] = report.to_json()
-        stats.disturbances += report.disturbances(str(slots[lb]), own=lb in own)
-        if report.own_cap(lb in own):
-            stats.own_costs.append(f"{slots[lb]} ran under its power cap in {lb}'s turns")
-    return stats
-
-
-def run_period(
-    adapter: EngineAdapter,
-    trees: dict[str, SystemTree],
-    slots: dict[str, Slot],
-    schedule: Sequence[Turn],
-    logs: Path,
-    tag: str,
-    slicer: Slicer | None = None,
-    own: frozenset[str] = frozenset(),
-) -> PeriodResult:
-    """Start every system fresh on its slot (after its one prepare run), serve the schedule's
-    turns in order, stop them all. Labels of one turn run concurrently and need distinct slots,
-    or, with a `slicer`, share one CPU slot in time slices. `own`: the candidate's label (_serve_turn)."""
-    for label, tree in trees.items():
-        adapter.prepare(
-            tree.tree, tree.path, slots[label], logs / f"prepare-{label}-{tree.tree[:12]}.log", label
-        )
-    systems: dict = {}
-    try:
-        for label, tree in trees.items():
-            slot = slots[label]
-            systems[label] = adapter.start(tree.tree, tree.path, slot, logs / f"{tag}-{label}-{slot.kind}{slot.index}.log",
-                                           label)  # fmt: skip
-        ready = {label: system.wait_ready() for label, system in systems.items()}
-        results: dict[str, dict[str, RequestResult]] = {label: {} for label in systems}
-        turns = [_serve_turn(systems, slots, turn, results, slicer, own) for turn in schedule]
-        usage = {}
-        for label, s in systems.items():  # one at a time: the others stay frozen while one exits
-            u = s.usage() | {
-                "ready_s": ready[label].get("_ready_s"),
-                "ready_cpu_s": ready[label].get("_ready_cpu_s"),
-            }
-            usage[label] = u | (s.stop() or {})
-        return PeriodResult(results, dict(slots), usage, turns)
-    finally:
-        for system in systems.values():
-            system.stop()
 
 
 def paired_run(

@@ -26,7 +26,7 @@ from .context import draw_requests, flatten, judge_digest, slots_of, workspace
 from .engine import Group, SystemFailed
 from .evaluate import Progress, measure_noise
 from .forcing import audit, calibrate_delta
-from .paired import run_period
+from .period import run_period
 from .scorer import scorer_for
 from .slots import lease
 from .systems import SystemTree, checkout

@@ -6,7 +6,7 @@ a per-process offset that does not cancel in their ratio (9–10% per-request sp
 Sharing one core pairs them as the sliced CPU design pairs its systems: they take turns on it
 (interleaved design: the idle one frozen), so the core's speed is in both alike. The core is drawn
 per block among the cores this process may use; the controller's own threads are pinned to the
-others for the block (`keep_off`), and the load check watches the systems' core (paired.py).
+others for the block (`keep_off`), and the load check watches the systems' core (period.py).
 """
 
 from __future__ import annotations

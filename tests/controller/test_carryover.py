@@ -17,7 +17,8 @@ import pytest
 
 from specpilot.controller.checks import CARRYOVER_FLOOR, carryover, violations
 from specpilot.controller.engine import Request, RequestResult
-from specpilot.controller.paired import PairedRun, PeriodResult, interleaved_schedule
+from specpilot.controller.paired import PairedRun, interleaved_schedule
+from specpilot.controller.period import PeriodResult
 from specpilot.controller.slots import Slot
 
 TOKENS = 32

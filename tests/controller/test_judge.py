@@ -331,7 +331,7 @@ def test_other_load_on_a_slot_disturbs_the_turn(judged, tmp_path):
     """A busy loop pinned to one slot's core while both systems serve: that slot is flagged, the other not."""
     from specpilot.controller.adapters import adapter_for
     from specpilot.controller.context import slots_of, tuning_requests, workspace
-    from specpilot.controller.paired import run_period
+    from specpilot.controller.period import run_period
     from specpilot.controller.systems import checkout
 
     home, dep, _, _ = judged

@@ -110,7 +110,8 @@ def test_disturbances_are_summarised_once_per_kind_with_their_range():
 def _run_with_speeds(speeds: dict[str, float]):
     """A paired run whose baseline answered each request id at the given tokens/s."""
     from specpilot.controller.engine import RequestResult
-    from specpilot.controller.paired import PairedRun, PeriodResult
+    from specpilot.controller.paired import PairedRun
+    from specpilot.controller.period import PeriodResult
     from specpilot.controller.slots import Slot
 
     res = {rid: RequestResult(rid, 0.0, 40 / v, tokens=[0] * 40) for rid, v in speeds.items()}

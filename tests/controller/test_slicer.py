@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from specpilot.controller.engine import SystemFailed
-from specpilot.controller.paired import _serve_turn
+from specpilot.controller.period import _serve_turn
 from specpilot.controller.slicer import Slicer, active
 from specpilot.controller.slots import Slot
 
