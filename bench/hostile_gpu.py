@@ -22,49 +22,49 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from hostile import COMMIT, GEN, _edit, cli
+from hostile import COMMIT, GEN, SERVE_LOOP, _edit, cli
+
+LAST_YIELD = "            yield committed\n"
+
+
+def _at_last_step(code: str, prelude: str = "") -> Callable[[Path], None]:
+    """Stock, but `code` runs on a request's last step just before its tokens go out (`prelude`:
+    at the start of each request)."""
+
+    def edit(t: Path) -> None:
+        if prelude:
+            _edit(t / GEN, SERVE_LOOP, SERVE_LOOP + prelude)
+        last = "            if stats.new_tokens >= max_new_tokens:\n" + code
+        _edit(t / GEN, COMMIT, COMMIT.replace(LAST_YIELD, last + LAST_YIELD))
+
+    return edit
+
+
+def _spin(cycles: int, when: str = "") -> str:
+    """GPU spin queued on the system's stream (where `when` holds); nothing waits for it."""
+    cond = f"{when} and " if when else ""
+    return (
+        f"                if {cond}self.device.type == 'cuda':\n"
+        f"                    __import__('torch').cuda._sleep({cycles})\n"
+    )
 
 
 def _queue_after_last(cycles: int) -> Callable[[Path], None]:
-    """Stock, but a request's last step leaves `cycles` of GPU spin queued behind its tokens."""
-    spin = (
-        "            if stats.new_tokens >= max_new_tokens and self.device.type == 'cuda':\n"
-        f"                __import__('torch').cuda._sleep({cycles})  # queued; nothing waits for it\n"
-    )
-    return lambda t: _edit(
-        t / GEN,
-        COMMIT,
-        COMMIT.replace("            yield committed\n", spin + "            yield committed\n"),
-    )
+    """A request's last step leaves `cycles` of GPU spin queued behind its tokens."""
+    return _at_last_step(_spin(cycles))
 
 
 def _queue_after_pair(cycles: int) -> Callable[[Path], None]:
-    """Stock, but after the second of its two turns in a row (its request came right after its own
-    last answer: nothing ran between) it queues `cycles` of spin, enough to span the baseline's two
+    """After the second of its two turns in a row (its request came right after its own last
+    answer: nothing ran between) it queues `cycles` of spin, enough to span the baseline's two
     turns that follow in ABBA order, so the baseline's turn after its own is slowed as much as the
     one after the candidate's."""
-    start = "        self.stats = stats = Stats()\n"
     mark = (
         "        _t = __import__('time').perf_counter\n"
         "        _last = getattr(Engine, '_hostile_last', None)\n"
         "        _second = _last is not None and _t() - _last < 0.03  # no other turn between\n"
     )
-    spin = (
-        "            if stats.new_tokens >= max_new_tokens:\n"
-        "                if _second and self.device.type == 'cuda':\n"
-        f"                    __import__('torch').cuda._sleep({cycles})\n"
-        "                Engine._hostile_last = _t()\n"
-    )
-
-    def edit(t: Path) -> None:
-        _edit(t / GEN, start, start + mark)
-        _edit(
-            t / GEN,
-            COMMIT,
-            COMMIT.replace("            yield committed\n", spin + "            yield committed\n"),
-        )
-
-    return edit
+    return _at_last_step(_spin(cycles, "_second") + "                Engine._hostile_last = _t()\n", mark)
 
 
 def candidates(home: Path, deployment: str = "smollm-h200") -> dict[str, tuple[str, Callable[[Path], None]]]:
