@@ -19,7 +19,7 @@ import math
 import tarfile
 from pathlib import Path
 
-from specpilot.controller.checks import _after_other, carryover
+from specpilot.controller.checks import after_other, carryover
 from specpilot.controller.engine import RequestResult
 from specpilot.controller.paired import PairedRun
 from specpilot.controller.period import PeriodResult
@@ -69,11 +69,11 @@ def main() -> None:
             run = paired_run(records, args.plant)
             if run is None:
                 continue
-            fits = {lb: _after_other(run, lb) for lb in ("A", "B")}
+            fits = {lb: after_other(run, lb) for lb in ("A", "B")}
             row = {"run": name, "blocks": len(run.periods), "finding": carryover(run)}
             for lb, fit in fits.items():
                 if fit is not None:
-                    row |= {f"{lb}_after_other": math.expm1(fit[0]), f"{lb}_se": fit[1], f"{lb}_dof": fit[2]}
+                    row |= {f"{lb}after_other": math.expm1(fit[0]), f"{lb}_se": fit[1], f"{lb}_dof": fit[2]}
             rows.append(row)
             a, b = row.get("A_after_other"), row.get("B_after_other")
             print(f"{name:48s} blocks {row['blocks']:2d}  A after B {a if a is None else f'{a:+.2%}'}"

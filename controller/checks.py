@@ -119,7 +119,7 @@ def carryover(run: PairedRun) -> list[str]:
     baseline's (interleaved runs only; too few blocks of either order to tell: no finding)."""
     if run.design != "interleaved":
         return []
-    fits = [_after_other(run, lb) for lb in ("A", "B")]
+    fits = [after_other(run, lb) for lb in ("A", "B")]
     if None in fits:
         return []
     (ca, sa, dfa), (cb, sb, dfb) = fits
@@ -131,7 +131,7 @@ def carryover(run: PairedRun) -> list[str]:
     return []
 
 
-def _after_other(run: PairedRun, label: str) -> tuple[float, float, int] | None:
+def after_other(run: PairedRun, label: str) -> tuple[float, float, int] | None:
     """(c, its standard error, degrees of freedom): the log time by which `label` serves a request
     more slowly right after the other system's turn than after its own, fitted with an effect per
     block and per request; None where the run cannot tell them apart."""
