@@ -73,7 +73,7 @@ def main() -> None:
             row = {"run": name, "blocks": len(run.periods), "finding": carryover(run)}
             for lb, fit in fits.items():
                 if fit is not None:
-                    row |= {f"{lb}after_other": math.expm1(fit[0]), f"{lb}_se": fit[1], f"{lb}_dof": fit[2]}
+                    row |= {f"{lb}_after_other": math.expm1(fit[0]), f"{lb}_se": fit[1], f"{lb}_dof": fit[2]}
             rows.append(row)
             a, b = row.get("A_after_other"), row.get("B_after_other")
             print(f"{name:48s} blocks {row['blocks']:2d}  A after B {a if a is None else f'{a:+.2%}'}"
