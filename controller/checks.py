@@ -37,6 +37,11 @@ Each finding is an integrity violation: the comparison gets no approval, and the
   sits at its boost unless a throttle (power, heat) pulls it down, and those are reported per turn
   (gpu_load.py); so the baseline's median turn clock below the candidate's by `CLOCK_SPLIT` is a
   finding. The other way round (the candidate under its own power cap) is its own cost.
+- Its kernels ran on after its answers (`queued_past_answer`): when the GPU passes to the other
+  system the controller waits until it is idle (gpu_load.GpuWatch.drain), so queued work slows no
+  one's turn, but it is device time outside the candidate's timing. The candidate seen busy after
+  its last answer in more of its turns than the baseline (`UNTIMED_FACTOR` × + `QUEUED_SLACK`) is a
+  finding, as its CPU work outside its turns is.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ MIN_OVERLAP = 3  # requests measured both now and in the record before the ratio
 CARRYOVER_FLOOR = 0.01
 CARRYOVER_ALPHA = 0.01  # ... and only where the excess is this unlikely without one
 CLOCK_SPLIT = 0.03  # the baseline's median SM clock in its turns may be this much below the candidate's
+QUEUED_SLACK = 2  # turns B's kernels may run past its answer beyond UNTIMED_FACTOR × A's
 
 
 def violations(run: PairedRun) -> list[str]:
@@ -92,7 +98,7 @@ def violations(run: PairedRun) -> list[str]:
             if ua >= COMPUTE_BOUND and ub < WORK_FLOOR * ua and wall["B"] < wall["A"]:
                 out.append(f"system B used {ub:.2f} CPU-s per second of serving against the baseline's {ua:.2f}: "
                            "tokens without compute")  # fmt: skip
-    out += carryover(run) + clock_split(run)
+    out += carryover(run) + clock_split(run) + queued_past_answer(run)
     return sorted(set(out), key=out.index)
 
 
@@ -111,6 +117,24 @@ def clock_split(run: PairedRun) -> list[str]:
     if a < (1 - CLOCK_SPLIT) * b:
         return [f"the GPU ran at {a:.0f} MHz in the baseline's turns against {b:.0f} MHz in the candidate's (medians "
                 "of each turn's highest SM clock): the device was slowed for the baseline"]  # fmt: skip
+    return []
+
+
+def queued_past_answer(run: PairedRun) -> list[str]:
+    """Turns after which the GPU passed to the other system with the turn's kernels still running
+    past its last answer, the candidate's against the baseline's (nothing where none was drained)."""
+    drained = {"A": 0, "B": 0}
+    busy = {"A": 0, "B": 0}
+    for period in run.periods:
+        for turn in period.turns:
+            for lb, gpu in turn.gpu.items():
+                if lb in drained and "busy_after_answer_s" in gpu:
+                    drained[lb] += 1
+                    after = gpu["busy_after_answer_s"]
+                    busy[lb] += after is None or after > 0
+    if busy["B"] > UNTIMED_FACTOR * busy["A"] + QUEUED_SLACK:
+        return [f"system B's kernels ran on after its last answer in {busy['B']} of the {drained['B']} turns it handed "
+                f"the GPU on, against the baseline's {busy['A']} of {drained['A']}: GPU work outside its timed turns"]  # fmt: skip
     return []
 
 

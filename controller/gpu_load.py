@@ -9,6 +9,11 @@ clocks it takes away are what the candidate costs on this GPU, timed as such, an
 set aside for it. Before every turn the GPU is let out of any throttle (`settle`), so a cap the
 candidate reached cannot run on into the baseline's turn; a throttle of any kind in a baseline's
 turn, or in an A/A run, stays a disturbance, and so do heat and hardware slowdowns anywhere.
+
+A GPU cannot be frozen as a process can: kernels a system queued before it was frozen run on. So
+when the GPU passes to another system, the controller waits until the GPU is idle (`drain`, from
+NVML's utilization samples) and the next turn starts only then. Kernels seen running after a
+system's last answer are named: work outside its timed turn (checks.queued_past_answer).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ CLOCK_RANGE_LIMIT = 0.15  # the SM clock may move this much (min / max) during a
 SAMPLE_S = 0.1  # NVML queries go through the driver: sample gently while a system is timed
 POWER_CAP = "software power cap"
 SETTLE_S, SETTLE_POLL_S = 1.0, 0.005  # the longest wait for a throttle to clear before a turn, and its poll
+DRAIN_S, DRAIN_POLL_S = 5.0, 0.01  # the longest wait for the GPU to be idle after a turn, and its poll
 
 
 @dataclass
@@ -34,11 +40,16 @@ class GpuReport:
     sm_mhz: list[int] = field(default_factory=list)
     throttle: set[str] = field(default_factory=set)
     others: set[int] = field(default_factory=set)
+    drained: bool = False  # the GPU went to another system next: `drain` waited for it after the turn
+    busy_after_answer_s: float | None = (
+        0.0  # kernels ran this long after the last answer (None: to the limit)
+    )
 
     def to_json(self) -> dict:
         lo, hi = (min(self.sm_mhz), max(self.sm_mhz)) if self.sm_mhz else (None, None)
-        return {"sm_mhz_min": lo, "sm_mhz_max": hi, "samples": len(self.sm_mhz), "throttle": sorted(self.throttle),
-                "other_pids": sorted(self.others)}  # fmt: skip
+        out = {"sm_mhz_min": lo, "sm_mhz_max": hi, "samples": len(self.sm_mhz), "throttle": sorted(self.throttle),
+               "other_pids": sorted(self.others)}  # fmt: skip
+        return out | ({"busy_after_answer_s": self.busy_after_answer_s} if self.drained else {})
 
     @property
     def power_capped(self) -> bool:
@@ -56,6 +67,9 @@ class GpuReport:
         moved = self.sm_mhz and min(self.sm_mhz) < (1 - CLOCK_RANGE_LIMIT) * max(self.sm_mhz)
         if moved and not (own and self.power_capped):
             out.append(f"{where}'s SM clock moved from {max(self.sm_mhz)} to {min(self.sm_mhz)} MHz")
+        if self.drained and self.busy_after_answer_s is None:
+            out.append(f"{where} was still busy {DRAIN_S:.0f} s after the turn's last answer: the next turn ran beside "
+                       "its kernels")  # fmt: skip
         return out
 
 
@@ -84,6 +98,35 @@ class GpuWatch:
         end = time.perf_counter() + limit_s
         while self.throttled() and time.perf_counter() < end:
             time.sleep(SETTLE_POLL_S)
+
+    def _utilization(self, after_us: int) -> list[tuple[int, int]]:
+        """NVML's GPU utilization samples newer than `after_us` (the CPU clock, µs): (time stamp,
+        percent of the sample's period in which a kernel ran), the period ending at the time stamp."""
+        n = self.nvml
+        try:
+            _, samples = n.nvmlDeviceGetSamples(self.handle, n.NVML_GPU_UTILIZATION_SAMPLES, after_us)
+        except n.NVMLError_NotFound:  # none newer yet
+            return []
+        return sorted((s.timeStamp, s.sampleValue.uiVal) for s in samples if s.timeStamp > after_us)
+
+    def drain(self, answer_s: float, limit_s: float = DRAIN_S) -> float | None:
+        """Wait until the GPU is idle after a turn whose last answer went out at `answer_s`
+        (time.time()): until a utilization sample whose whole period lies after the answer reads 0.
+        Returns for how long after the answer kernels were seen running (0.0: none; the end of the
+        last busy sample's period, so a bound to the sample period), or None if the GPU is still
+        busy at `limit_s`."""
+        since = int(answer_s * 1e6)
+        seen: list[tuple[int, int]] = []  # samples after the answer; the first may straddle it
+        end = time.perf_counter() + limit_s
+        while True:
+            seen += self._utilization(seen[-1][0] if seen else since)
+            for i in range(1, len(seen)):
+                if seen[i][1] == 0:
+                    busy = [ts for ts, v in seen[1:i] if v > 0]
+                    return (busy[-1] - since) / 1e6 if busy else 0.0
+            if time.perf_counter() >= end:
+                return None
+            time.sleep(DRAIN_POLL_S)
 
     def start(self, ours: set[int]) -> None:
         self.report, self._ours, self._stop = GpuReport(), ours | {os.getpid()}, threading.Event()

@@ -71,10 +71,12 @@ def _drive(system, requests: Sequence[Request], out: dict, errors: list, start: 
 
 
 def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict,
-                slicer: Slicer | None = None, own: frozenset[str] = frozenset()) -> TurnStats:  # fmt: skip
+                slicer: Slicer | None = None, own: frozenset[str] = frozenset(), drain: bool = False) -> TurnStats:  # fmt: skip
     """Serve one turn (its labels concurrently, the others frozen; with a `slicer`, the turn's
     labels share their core in time slices) and measure what else happened. `own`: the candidate's
-    label (none in an A/A run), whose GPU power cap is its own cost (gpu_load.py)."""
+    label (none in an A/A run), whose GPU power cap is its own cost (gpu_load.py). `drain`: the
+    GPU passes to another system next, so wait (untimed) until the kernels of this turn's systems
+    are done, and note how long they ran after the last answer (gpu_load.GpuWatch.drain)."""
     labels = list(turn)
     key = str(slots[labels[0]])
     if slicer is not None:
@@ -114,6 +116,11 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
             time.process_time() - harness0,
         )
         gpu = {lb: w.stop() for lb, w in watches.items()}
+        if drain:  # the answers' perf_counter times, on the wall clock NVML's samples use
+            now, clock = time.perf_counter(), time.time()
+            for lb, w in watches.items():
+                done = max((r.t_done for r in results[lb].values()), default=now)
+                gpu[lb].drained, gpu[lb].busy_after_answer_s = True, w.drain(clock - (now - done))
     finally:  # whatever failed, the core is the slicer's no more (every system left frozen)
         if slicer is not None:
             runs = slicer.detach(key)
@@ -148,6 +155,12 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
     return stats
 
 
+def hands_over(schedule: Sequence[Turn]) -> list[bool]:
+    """Per turn: whether the next turn is other systems' (there the GPU is drained after it; a
+    system's own next turn pays for its own queued work)."""
+    return [i + 1 < len(schedule) and set(schedule[i + 1]) != set(turn) for i, turn in enumerate(schedule)]
+
+
 def run_period(
     adapter: EngineAdapter,
     trees: dict[str, SystemTree],
@@ -173,7 +186,8 @@ def run_period(
                                            label)  # fmt: skip
         ready = {label: system.wait_ready() for label, system in systems.items()}
         results: dict[str, dict[str, RequestResult]] = {label: {} for label in systems}
-        turns = [_serve_turn(systems, slots, turn, results, slicer, own) for turn in schedule]
+        turns = [_serve_turn(systems, slots, turn, results, slicer, own, drain)
+                 for turn, drain in zip(schedule, hands_over(schedule), strict=True)]  # fmt: skip
         usage = {}
         for label, s in systems.items():  # one at a time: the others stay frozen while one exits
             u = s.usage() | {

@@ -3,19 +3,21 @@ which are the candidate's own cost, and the settle before a turn; and the turn c
 systems (checks.clock_split).
 
 CI has no GPU, so `GpuWatch` reads a stand-in NVML here: the `pynvml` calls it makes, answered from
-a script of throttle masks (NVML's own bit values)."""
+a script of throttle masks (NVML's own bit values) and a timeline of utilization samples (NVML's
+sample layout: a CPU time stamp in µs ending each sample's period, the busy percent in `uiVal`)."""
 
 from __future__ import annotations
 
 import sys
+import time
 import types
 
 import pytest
 
-from specpilot.controller.checks import clock_split, violations
+from specpilot.controller.checks import clock_split, queued_past_answer, violations
 from specpilot.controller.gpu_load import POWER_CAP, GpuReport, GpuWatch
 from specpilot.controller.paired import PairedRun
-from specpilot.controller.period import PeriodResult, TurnStats
+from specpilot.controller.period import PeriodResult, TurnStats, hands_over
 from specpilot.controller.slots import Slot
 
 SW_POWER_CAP, SW_THERMAL, GPU_IDLE = 0x4, 0x20, 0x1  # nvmlClocksThrottleReason* bits
@@ -43,14 +45,36 @@ def test_heat_other_processes_and_an_unexplained_clock_stay_disturbances_in_the_
     assert not moved.power_capped
 
 
-class _Nvml(types.ModuleType):
-    """The pynvml calls GpuWatch makes, answering throttle masks from `masks` (the last one repeats)."""
+class _NotFound(Exception):
+    pass
 
-    NVML_CLOCK_SM = 1
+
+class _Nvml(types.ModuleType):
+    """The pynvml calls GpuWatch makes, answering throttle masks from `masks` (the last one repeats)
+    and utilization samples every `period_us` of the wall clock, busy (100) where the sample's
+    period overlaps `busy` (a wall-clock interval in µs)."""
+
+    NVML_CLOCK_SM, NVML_GPU_UTILIZATION_SAMPLES = 1, 1
+    NVMLError_NotFound = _NotFound
 
     def __init__(self, masks: list[int]):
         super().__init__("pynvml")
         self.masks, self.polls = list(masks), 0
+        self.period_us, self.busy = 20_000, (0, 0)
+
+    def nvmlDeviceGetSamples(self, handle, kind: int, after_us: int) -> tuple[int, list]:
+        now = time.time_ns() // 1000
+        first = (after_us // self.period_us + 1) * self.period_us
+        out = [
+            types.SimpleNamespace(timeStamp=ts, sampleValue=types.SimpleNamespace(uiVal=100 * self._busy(ts)))
+            for ts in range(first, now + 1, self.period_us)
+        ]
+        if not out:
+            raise _NotFound()
+        return 1, out
+
+    def _busy(self, ts: int) -> bool:
+        return ts - self.period_us < self.busy[1] and ts > self.busy[0]
 
     def nvmlInit(self) -> None:
         pass
@@ -125,3 +149,71 @@ def test_even_clocks_or_the_candidate_under_its_own_cap_are_no_finding():
     assert clock_split(_clocked([1980] * 3, [1650, 1590, 1710])) == []  # B slower: its own cost
     cpu = PairedRun(design="sliced", periods=[PeriodResult({"A": {}, "B": {}}, {}, {}, [])])
     assert clock_split(cpu) == []
+
+
+def test_drain_waits_for_an_idle_sample_that_lies_wholly_after_the_answer(nvml):
+    fake = nvml([GPU_IDLE])
+    watch = GpuWatch(0)
+    answer = time.time()
+    a_us = int(answer * 1e6)
+    fake.busy = (a_us - 50_000, a_us)  # the turn's own work, up to its answer: in the straddling sample only
+    t0 = time.perf_counter()
+    assert watch.drain(answer) == 0.0
+    assert time.perf_counter() - t0 >= 0.02  # it waited for a sample past the straddling one
+
+
+def test_drain_names_kernels_queued_past_the_answer_and_waits_them_out(nvml):
+    fake = nvml([GPU_IDLE])
+    watch = GpuWatch(0)
+    answer = time.time()
+    a_us = int(answer * 1e6)
+    fake.busy = (a_us - 50_000, a_us + 130_000)  # 130 ms of spin queued behind the answer
+    t0 = time.perf_counter()
+    after = watch.drain(answer)
+    assert 0.13 <= after <= 0.13 + 2 * fake.period_us / 1e6  # to the end of the last busy sample's period
+    assert time.time() * 1e6 >= fake.busy[1]  # the next turn starts on an idle GPU
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_a_gpu_busy_to_the_drain_limit_is_a_disturbance(nvml):
+    fake = nvml([GPU_IDLE])
+    watch = GpuWatch(0)
+    answer = time.time()
+    fake.busy = (int(answer * 1e6) - 1, int(answer * 1e6) + 10**9)
+    assert watch.drain(answer, limit_s=0.1) is None
+    report = GpuReport(sm_mhz=[1980], drained=True, busy_after_answer_s=None)
+    [d] = report.disturbances("cuda:0")
+    assert d.startswith("cuda:0 was still busy 5 s after the turn's last answer")
+    assert report.to_json()["busy_after_answer_s"] is None
+    assert "busy_after_answer_s" not in GpuReport().to_json()  # not drained: nothing to say
+
+
+def test_the_gpu_is_drained_only_where_it_passes_to_another_system():
+    a, b, ab = {"A": []}, {"B": []}, {"A": [], "B": []}
+    assert hands_over([a, b, b, a, a, b]) == [True, False, True, False, True, False]
+    assert hands_over([ab, ab]) == [False, False]  # the swapped design: both systems every turn
+
+
+def _drained(a_busy: list[float | None], b_busy: list[float | None]) -> PairedRun:
+    """An interleaved run whose drained turns saw the systems' kernels run this long past their answers."""
+    turns = [TurnStats([lb], 0.1, {lb: 0.1}, {lb: 0.1}, gpu={lb: {"sm_mhz_max": 1980, "busy_after_answer_s": s}})
+             for lb, busy in (("A", a_busy), ("B", b_busy)) for s in busy]  # fmt: skip
+    slot = Slot.parse("cuda:0")
+    return PairedRun(
+        design="interleaved", periods=[PeriodResult({"A": {}, "B": {}}, {"A": slot, "B": slot}, {}, turns)]
+    )
+
+
+def test_the_candidates_kernels_past_its_answers_are_a_violation():
+    run = _drained([0.0] * 12, [0.17] * 10 + [None, 0.0])
+    [finding] = queued_past_answer(run)
+    assert finding.startswith("system B's kernels ran on after its last answer in 11 of the 12 turns")
+    assert finding in violations(run)
+
+
+def test_kernels_past_the_answer_as_often_as_the_baselines_are_no_finding():
+    assert (
+        queued_past_answer(_drained([0.17] * 6 + [0.0] * 6, [0.17] * 8 + [0.0] * 4)) == []
+    )  # within 1.5 × + 2
+    assert queued_past_answer(_drained([0.0] * 12, [0.17, 0.17] + [0.0] * 10)) == []  # two: the slack
+    assert queued_past_answer(_clocked([1980] * 3, [1980] * 3)) == []  # nothing drained

@@ -1,0 +1,53 @@
+"""The GPU drain between turns (controller/gpu_load.py) on a real GPU and NVML: another process
+answers (synchronizes, prints its time) and then leaves spin kernels queued with nothing waiting
+for them, as a frozen system's queued work runs on. Skipped without CUDA or nvidia-ml-py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+pytest.importorskip("pynvml", reason="needs nvidia-ml-py")
+
+CHILD = """
+import sys, time, torch
+torch.cuda._sleep(1000); torch.cuda.synchronize()
+t0 = time.perf_counter(); torch.cuda._sleep(10_000_000); torch.cuda.synchronize()
+per_cycle = (time.perf_counter() - t0) / 10_000_000
+torch.cuda._sleep(int(0.05 / per_cycle)); torch.cuda.synchronize()  # the turn's own work
+print(time.time(), flush=True)  # the answer
+torch.cuda._sleep(int(float(sys.argv[1]) / per_cycle))  # queued behind it
+time.sleep(10)
+"""
+
+
+def _answer_then_queue(spin_s: float) -> tuple[subprocess.Popen, float]:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(spin_s)], stdout=subprocess.PIPE, text=True)
+    return child, float(child.stdout.readline())
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 0.3])
+def test_drain_sees_work_queued_past_the_answer_and_waits_it_out(spin_s):
+    from specpilot.controller.gpu_load import GpuWatch
+
+    watch = GpuWatch(torch.cuda.current_device())
+    child, answer = _answer_then_queue(spin_s)
+    try:
+        after = watch.drain(answer)
+        done = time.time()
+    finally:
+        child.kill()
+        child.wait()
+    assert after is not None
+    if spin_s:
+        assert after >= 0.8 * spin_s and done - answer >= spin_s
+    else:
+        assert after == 0.0, f"no work was queued, yet the GPU looked busy {after:.3f} s past the answer"
