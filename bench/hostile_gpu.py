@@ -5,16 +5,17 @@
 A GPU cannot be frozen as a process can: kernels a system has queued run on after the controller
 froze it, into the other system's turn (the interleaved design, one GPU). Each candidate is stock
 refspec that, as it sends a request's last tokens, queues a spin kernel on its device with nothing
-waiting for it; the baseline's next turn shares the GPU with it. In ABBA order that slows the
-baseline's turns that follow the candidate's, and half the slowdown reaches the paired gain.
-The controller's carryover check (controller/checks.py) must name it; judged as bench/hostile.py
-judges (Phase 0 first where the home has none). Results: bench/results/hostile_gpu_*.json.
+waiting for it. Two defences stand against it: the controller drains the GPU where it passes to
+the other system (gpu_load.GpuWatch.drain), so the spin runs into no one's turn, and names a
+candidate busy past its answers more often than the baseline (checks.queued_past_answer); behind
+them, the carryover fit (checks.carryover) names a baseline slowed right after the candidate's
+turns. Judged as bench/hostile.py judges (Phase 0 first where the home has none). Results:
+bench/results/hostile_gpu_*.json.
 
-`queued-spin-pair` reaches past the carryover fit: its spin spans both of the baseline's turns
-that follow (ABBA gives the baseline two in a row), so the one after the baseline's own turn is
-slowed as well and the fit compares two slowed turns. Without MPS, contexts share a GPU by time
-slices, so a baseline turn overlapped by the spin runs at about half speed: the baseline against
-its own record (checks.baseline_slowed, 15%) is the check expected to name it.
+`queued-spin-pair` spins ~0.45 s after its second turn in a row (ABBA gives each system two in a
+row), long enough to span both of the baseline's turns that follow were the GPU not drained: then
+the baseline's turn after its own is slowed as well and the carryover fit compares two slowed
+turns; the baseline against its own record (checks.baseline_slowed, 15%) was the check left.
 """
 
 from __future__ import annotations
