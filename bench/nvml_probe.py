@@ -9,7 +9,11 @@ measures what that costs and how well it sees:
 - the sample period of `nvmlDeviceGetSamples(GPU_UTILIZATION_SAMPLES)` and of per-process
   utilization (`nvmlDeviceGetProcessUtilization`), idle and busy;
 - for spins of 0, 1, 10 and 100 ms queued after a synchronize (the "answer"): how long until a
-  sample that starts after the answer reads 0, and whether any such sample reads busy.
+  sample that starts after the answer reads 0, and whether any such sample reads busy;
+- `--ctx`: the other way to see it, from a CUDA context of the watcher's own: another process
+  answers and leaves a spin queued; the watcher times a tiny kernel and a synchronize, again and
+  again. Contexts share the GPU in time slices, so while the other's spin runs the tiny kernel
+  waits for a slice: its latency shows the other's queued work within a slice, not 200 ms.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import argparse
 import itertools
 import json
 import statistics
+import subprocess
+import sys
 import time
 
 import pynvml
@@ -99,9 +105,41 @@ def _process_samples(h, seconds: float) -> dict:
             "last": seen[-5:]}  # fmt: skip
 
 
+CHILD = """
+import sys, time, torch
+torch.cuda._sleep(1000); torch.cuda.synchronize()
+torch.cuda._sleep(int(sys.argv[2])); torch.cuda.synchronize()
+print(time.perf_counter(), flush=True)
+torch.cuda._sleep(int(sys.argv[1]))
+time.sleep(3)
+"""
+
+
+def _ctx_probe(spin_cycles: int, own_cycles: int) -> dict:
+    """Latency of a tiny kernel + synchronize in this process, from another process's answer on,
+    while that process's `spin_cycles` of queued spin run (perf_counter is system-wide)."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(spin_cycles), str(own_cycles)],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    answer = float(child.stdout.readline())
+    lat = []
+    while time.perf_counter() - answer < 0.3:
+        t0 = time.perf_counter()
+        torch.cuda._sleep(100)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        lat.append((round((t0 - answer) * 1e3, 3), round((t1 - t0) * 1e6, 1)))
+    child.kill()
+    child.wait()
+    slow = [t for t, us in lat if us > 200]
+    return {"spin_cycles": spin_cycles, "probes": len(lat), "first_ms": lat[0][0] if lat else None,
+            "median_us": statistics.median(us for _, us in lat) if lat else None,
+            "last_slow_ms": max(slow, default=None), "slow": len(slow), "lat": lat[:40] + lat[-5:]}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
+    ap.add_argument("--ctx", action="store_true", help="only the CUDA-context probe")
     a = ap.parse_args()
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -113,7 +151,17 @@ def main() -> None:
     torch.cuda.synchronize()
     ns_per_cycle = (time.perf_counter() - t0) * 1e9 / 100_000_000
     out = {"device": torch.cuda.get_device_name(), "driver": pynvml.nvmlSystemGetDriverVersion(),
-           "ns_per_spin_cycle": ns_per_cycle, "idle": _period(h, 1.5, False), "busy": _period(h, 1.5, True)}  # fmt: skip
+           "ns_per_spin_cycle": ns_per_cycle}  # fmt: skip
+    if a.ctx:
+        ms = lambda x: int(x * 1e6 / ns_per_cycle)  # noqa: E731
+        out["ctx"] = [_ctx_probe(ms(spin), ms(20)) | {"spin_ms": spin} for spin in (0, 0, 1, 10, 10, 50, 50)]
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+        for r in out["ctx"]:
+            print(f"spin {r['spin_ms']:>3} ms: {r['probes']} probes from {r['first_ms']} ms, median {r['median_us']} us, "
+                  f"{r['slow']} over 200 us, the last at {r['last_slow_ms']} ms")  # fmt: skip
+        return
+    out |= {"idle": _period(h, 1.5, False), "busy": _period(h, 1.5, True)}
     out["after_answer"] = [
         _after_answer(h, int(ms * 1e6 / ns_per_cycle)) | {"spin_ms": ms}
         for ms in (0, 0, 1, 1, 10, 10, 100, 100)
