@@ -17,7 +17,7 @@ if [ ! -f /root/sp/home/specpilot.db ] && [ -f "$state/home.tgz" ]; then
   rm -rf /root/sp/home && tar xzf "$state/home.tgz" -C /root/sp && echo "wide_round: home restored from $state/home.tgz"
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee -a "$state/devices.txt"
-if [ ! -f "$state/drain.log" ]; then  # the controller's GPU drain on this device first: a broken drain spoils every verdict
+if ! grep -qs "^rc=0" "$state/drain.log"; then  # the controller's GPU drain on this device first: a broken drain spoils every verdict
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_drain.py > "$state/drain.log" 2>&1
   echo "rc=$?" >> "$state/drain.log"; grep -v '^$' "$state/drain.log" | tail -25
   if ! grep -q "^rc=0" "$state/drain.log"; then
