@@ -40,10 +40,10 @@ class GpuReport:
     sm_mhz: list[int] = field(default_factory=list)
     throttle: set[str] = field(default_factory=set)
     others: set[int] = field(default_factory=set)
-    drained: bool = False  # the GPU went to another system next: `drain` waited for it after the turn
-    busy_after_answer_s: float | None = (
-        0.0  # kernels ran this long after the last answer (None: to the limit)
-    )
+    # `drain` waited for the GPU after the turn (another system's came next), and saw kernels run this
+    # long past the turn's last answer (None: still running at its limit)
+    drained: bool = False
+    busy_after_answer_s: float | None = 0.0
 
     def to_json(self) -> dict:
         lo, hi = (min(self.sm_mhz), max(self.sm_mhz)) if self.sm_mhz else (None, None)
