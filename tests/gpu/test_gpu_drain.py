@@ -24,7 +24,8 @@ t0 = time.perf_counter(); torch.cuda._sleep(10_000_000); torch.cuda.synchronize(
 per_cycle = (time.perf_counter() - t0) / 10_000_000
 torch.cuda._sleep(int(0.05 / per_cycle)); torch.cuda.synchronize()  # the turn's own work
 print(time.time(), flush=True)  # the answer
-torch.cuda._sleep(int(float(sys.argv[1]) / per_cycle))  # queued behind it
+if float(sys.argv[1]):  # queued behind it (none at all otherwise: even an empty kernel may read 1%)
+    torch.cuda._sleep(int(float(sys.argv[1]) / per_cycle))
 time.sleep(10)
 """
 
