@@ -200,7 +200,8 @@ def judge(dep, home, res: dict, args, left, save) -> None:
 
 def gpu_turns(raw: Path) -> dict:
     """Per system (A baseline, B candidate), from a comparison's raw record: its turns, those the
-    GPU watch saw throttled (by reason) and its SM clock range: whose turns a disturbance hit."""
+    GPU watch saw throttled (by reason) and its SM clock range: whose turns a disturbance hit; and
+    the turns after which the GPU was drained, those with kernels seen past the answer."""
     out: dict = {}
     for line in raw.read_text().splitlines() if raw.is_file() else []:
         for turn in json.loads(line).get("turns", []):
@@ -209,6 +210,9 @@ def gpu_turns(raw: Path) -> dict:
                 s["turns"] += 1
                 for why in g.get("throttle", []):
                     s["throttled"][why] = s["throttled"].get(why, 0) + 1
+                if "busy_after_answer_s" in g:
+                    s["drained"] = s.get("drained", 0) + 1
+                    s["busy_after_answer"] = s.get("busy_after_answer", 0) + (g["busy_after_answer_s"] != 0.0)
                 if g.get("sm_mhz_min") is not None:
                     s["sm_mhz_min"] = min(s.get("sm_mhz_min", g["sm_mhz_min"]), g["sm_mhz_min"])
                     s["sm_mhz_max"] = max(s.get("sm_mhz_max", g["sm_mhz_max"]), g["sm_mhz_max"])
