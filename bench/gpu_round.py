@@ -213,6 +213,7 @@ def gpu_turns(raw: Path) -> dict:
                 if "busy_after_answer_s" in g:
                     s["drained"] = s.get("drained", 0) + 1
                     s["busy_after_answer"] = s.get("busy_after_answer", 0) + (g["busy_after_answer_s"] != 0.0)
+                    s["drain_s"] = round(s.get("drain_s", 0.0) + g.get("drain_s", 0.0), 3)
                 if g.get("sm_mhz_min") is not None:
                     s["sm_mhz_min"] = min(s.get("sm_mhz_min", g["sm_mhz_min"]), g["sm_mhz_min"])
                     s["sm_mhz_max"] = max(s.get("sm_mhz_max", g["sm_mhz_max"]), g["sm_mhz_max"])

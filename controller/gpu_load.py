@@ -40,16 +40,18 @@ class GpuReport:
     sm_mhz: list[int] = field(default_factory=list)
     throttle: set[str] = field(default_factory=set)
     others: set[int] = field(default_factory=set)
-    # `drain` waited for the GPU after the turn (another system's came next), and saw kernels run this
-    # long past the turn's last answer (None: still running at its limit)
+    # `drain` waited for the GPU after the turn (another system's came next), this long, and saw
+    # kernels run this long past the turn's last answer (None: still running at its limit)
     drained: bool = False
+    drain_s: float = 0.0
     busy_after_answer_s: float | None = 0.0
 
     def to_json(self) -> dict:
         lo, hi = (min(self.sm_mhz), max(self.sm_mhz)) if self.sm_mhz else (None, None)
         out = {"sm_mhz_min": lo, "sm_mhz_max": hi, "samples": len(self.sm_mhz), "throttle": sorted(self.throttle),
                "other_pids": sorted(self.others)}  # fmt: skip
-        return out | ({"busy_after_answer_s": self.busy_after_answer_s} if self.drained else {})
+        drain = {"drain_s": round(self.drain_s, 4), "busy_after_answer_s": self.busy_after_answer_s}
+        return out | (drain if self.drained else {})
 
     @property
     def power_capped(self) -> bool:

@@ -121,6 +121,7 @@ def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict
             for lb, w in watches.items():
                 done = max((r.t_done for r in results[lb].values()), default=now)
                 gpu[lb].drained, gpu[lb].busy_after_answer_s = True, w.drain(clock - (now - done))
+                gpu[lb].drain_s = time.perf_counter() - now
     finally:  # whatever failed, the core is the slicer's no more (every system left frozen)
         if slicer is not None:
             runs = slicer.detach(key)

@@ -181,10 +181,11 @@ def test_a_gpu_busy_to_the_drain_limit_is_a_disturbance(nvml):
     answer = time.time()
     fake.busy = (int(answer * 1e6) - 1, int(answer * 1e6) + 10**9)
     assert watch.drain(answer, limit_s=0.1) is None
-    report = GpuReport(sm_mhz=[1980], drained=True, busy_after_answer_s=None)
+    report = GpuReport(sm_mhz=[1980], drained=True, drain_s=5.02, busy_after_answer_s=None)
     [d] = report.disturbances("cuda:0")
     assert d.startswith("cuda:0 was still busy 5 s after the turn's last answer")
-    assert report.to_json()["busy_after_answer_s"] is None
+    record = report.to_json()
+    assert record["busy_after_answer_s"] is None and record["drain_s"] == 5.02
     assert "busy_after_answer_s" not in GpuReport().to_json()  # not drained: nothing to say
 
 
