@@ -109,6 +109,11 @@ class GpuWatch:
             _, samples = n.nvmlDeviceGetSamples(self.handle, n.NVML_GPU_UTILIZATION_SAMPLES, after_us)
         except n.NVMLError_NotFound:  # none newer yet
             return []
+        except n.NVMLError as e:
+            raise SpecPilotError(
+                f"the controller drains a GPU between systems' turns through NVML's utilization samples, and this "
+                f"GPU or driver gives none ({e}): judge on a GPU whose driver reports them (nvidia-smi -q -d UTILIZATION)"
+            ) from None
         return sorted((s.timeStamp, s.sampleValue.uiVal) for s in samples if s.timeStamp > after_us)
 
     def drain(self, answer_s: float, limit_s: float = DRAIN_S) -> float | None:

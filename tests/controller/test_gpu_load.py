@@ -19,6 +19,7 @@ from specpilot.controller.gpu_load import POWER_CAP, GpuReport, GpuWatch
 from specpilot.controller.paired import PairedRun
 from specpilot.controller.period import PeriodResult, TurnStats, hands_over
 from specpilot.controller.slots import Slot
+from specpilot.deployments import SpecPilotError
 
 SW_POWER_CAP, SW_THERMAL, GPU_IDLE = 0x4, 0x20, 0x1  # nvmlClocksThrottleReason* bits
 
@@ -45,7 +46,11 @@ def test_heat_other_processes_and_an_unexplained_clock_stay_disturbances_in_the_
     assert not moved.power_capped
 
 
-class _NotFound(Exception):
+class _NvmlError(Exception):
+    pass
+
+
+class _NotFound(_NvmlError):
     pass
 
 
@@ -55,14 +60,16 @@ class _Nvml(types.ModuleType):
     period overlaps `busy` (a wall-clock interval in µs)."""
 
     NVML_CLOCK_SM, NVML_GPU_UTILIZATION_SAMPLES = 1, 1
-    NVMLError_NotFound = _NotFound
+    NVMLError, NVMLError_NotFound = _NvmlError, _NotFound
 
     def __init__(self, masks: list[int]):
         super().__init__("pynvml")
         self.masks, self.polls = list(masks), 0
-        self.period_us, self.busy = 20_000, (0, 0)
+        self.period_us, self.busy, self.sampled = 20_000, (0, 0), True
 
     def nvmlDeviceGetSamples(self, handle, kind: int, after_us: int) -> tuple[int, list]:
+        if not self.sampled:
+            raise _NvmlError("Not Supported")
         now = time.time_ns() // 1000
         first = (after_us // self.period_us + 1) * self.period_us
         out = [
@@ -213,8 +220,13 @@ def test_the_candidates_kernels_past_its_answers_are_a_violation():
 
 
 def test_kernels_past_the_answer_as_often_as_the_baselines_are_no_finding():
-    assert (
-        queued_past_answer(_drained([0.17] * 6 + [0.0] * 6, [0.17] * 8 + [0.0] * 4)) == []
-    )  # within 1.5 × + 2
+    within = _drained([0.17] * 6 + [0.0] * 6, [0.17] * 8 + [0.0] * 4)  # 8 against 6: within 1.5 × + 2
+    assert queued_past_answer(within) == []
     assert queued_past_answer(_drained([0.0] * 12, [0.17, 0.17] + [0.0] * 10)) == []  # two: the slack
     assert queued_past_answer(_clocked([1980] * 3, [1980] * 3)) == []  # nothing drained
+
+
+def test_a_gpu_without_utilization_samples_is_one_clear_error(nvml):
+    nvml([GPU_IDLE]).sampled = False
+    with pytest.raises(SpecPilotError, match=r"gives none \(Not Supported\): judge on a GPU whose driver"):
+        GpuWatch(0).drain(time.time())
