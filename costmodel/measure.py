@@ -43,7 +43,7 @@ def measure(
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = home.runs / "costmodel" / f"{dep.name}-{stamp}" / "profile.json"
-        prof = run_profile(tree, slot, requests, out, home, max_requests=max_requests)
+        prof = run_profile(tree, slot, requests, out, home, max_requests=max_requests, model=dep.target.model)
     if record is not None:
         records = load_records(record)
     else:

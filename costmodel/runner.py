@@ -93,12 +93,16 @@ def run_profile(
     home: Home,
     *,
     max_requests: int | None = None,
+    model: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> StepProfile:
-    """Profile the system at `tree` on `slot` over `requests`; returns the validated profile."""
+    """Profile the system at `tree` on `slot` over `requests` (the deployment's `model`; the tree's
+    default without one); returns the validated profile."""
     args = ["--requests", str(Path(requests).resolve())]
     if max_requests is not None:
         args += ["--max-requests", str(max_requests)]
+    if model is not None:
+        args += ["--model", model]
     run_tool("profile", tree, slot, args, out, home, timeout)
     return load_profile(out)
 

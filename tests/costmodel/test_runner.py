@@ -74,9 +74,9 @@ def test_profile_runs_pinned_with_the_tree_first(tmp_path: Path, home: Home, req
     tree = protocol_tree(tmp_path / "tree", PROFILE_OK, RECORD_OK)
     core = min(os.sched_getaffinity(0))
     out = tmp_path / "runs" / "profile.json"
-    prof = run_profile(tree, f"cpu:{core}", requests, out, home, max_requests=2)
+    prof = run_profile(tree, f"cpu:{core}", requests, out, home, max_requests=2, model="wide27b-8l")
     seen = prof.extra["seen"]
-    assert seen["affinity"] == [core] and seen["device"] == f"cpu:{core}"
+    assert seen["affinity"] == [core] and seen["device"] == f"cpu:{core}" and seen["model"] == "wide27b-8l"
     assert seen["cuda"] == "" and Path(seen["path0"]) == tree.resolve()
     assert seen["max_requests"] == 2 and Path(seen["requests"]) == requests.resolve()
     assert prof.tau == 4.25
