@@ -36,7 +36,12 @@ Each finding is an integrity violation: the comparison gets no approval, and the
   ends and raise them as its next begins, which no throttle reason shows. Under load the SM clock
   sits at its boost unless a throttle (power, heat) pulls it down, and those are reported per turn
   (gpu_load.py); so the baseline's median turn clock below the candidate's by `CLOCK_SPLIT` is a
-  finding. The other way round (the candidate under its own power cap) is its own cost.
+  finding. Every turn starts out of throttle (gpu_load's `settle`), so a system's own power cap
+  lowers its turn's later samples, not the turn's highest; the candidate slower is its own cost.
+- The GPU's power limit moved (`power_limit_moved`): each system's power cap in its own turns is
+  its own cost, which holds only while both run under one limit; a system that can set the limit
+  (as root) and lowers it for the other's turns would make its cap the other's cost. The enforced
+  limit is read in every turn, and more than one value over a run is a finding.
 - Its kernels ran on after its answers (`queued_past_answer`): when the GPU passes to the other
   system the controller waits until it is idle (gpu_load.GpuWatch.drain), so queued work slows no
   one's turn, but it is device time outside the candidate's timing. The candidate seen busy after
@@ -98,7 +103,7 @@ def violations(run: PairedRun) -> list[str]:
             if ua >= COMPUTE_BOUND and ub < WORK_FLOOR * ua and wall["B"] < wall["A"]:
                 out.append(f"system B used {ub:.2f} CPU-s per second of serving against the baseline's {ua:.2f}: "
                            "tokens without compute")  # fmt: skip
-    out += carryover(run) + clock_split(run) + queued_past_answer(run)
+    out += carryover(run) + clock_split(run) + queued_past_answer(run) + power_limit_moved(run)
     return sorted(set(out), key=out.index)
 
 
@@ -117,6 +122,20 @@ def clock_split(run: PairedRun) -> list[str]:
     if a < (1 - CLOCK_SPLIT) * b:
         return [f"the GPU ran at {a:.0f} MHz in the baseline's turns against {b:.0f} MHz in the candidate's (medians "
                 "of each turn's highest SM clock): the device was slowed for the baseline"]  # fmt: skip
+    return []
+
+
+def power_limit_moved(run: PairedRun) -> list[str]:
+    """The GPU's enforced power limit, read in every turn, was not one value over the run (each
+    system's power cap is its own cost only while both run under the same limit)."""
+    limits: dict[str, set[int]] = {"A": set(), "B": set()}
+    for period in run.periods:
+        for turn in period.turns:
+            for lb, gpu in turn.gpu.items():
+                limits.setdefault(lb, set()).update(gpu.get("power_limit_w", ()))
+    if len(set().union(*limits.values())) > 1:
+        seen = "; ".join(f"{sorted(w)} W in {lb}'s turns" for lb, w in sorted(limits.items()) if w)
+        return [f"the GPU's power limit moved during the run ({seen}): something set it between turns"]
     return []
 
 

@@ -292,9 +292,9 @@ def compare(
     sigma = sigma_for(sd, len(quiet))
     if any(u.get("cpuset") is False for p in run.periods for u in p.usage.values()):
         verdict.notes.append(UNCONFINED)
-    if run.own_costs:  # gpu_load.py: the candidate's draw, not something else's
-        verdict.notes.append(f"the candidate's turns ran under the GPU's power cap ({summarize(run.own_costs)}): "
-                             "the clocks its own kernels' draw cost it are in its time")  # fmt: skip
+    if run.own_costs:  # gpu_load.py: a system's own draw, not something else's
+        verdict.notes.append(f"turns ran under the GPU's power cap ({summarize(run.own_costs)}): the clocks a "
+                             "system's own kernels' draw cost it are in its time")  # fmt: skip
     if verdict.approved and not draw.get("held_out") and not draw.get("composed"):
         verdict.notes.append(PUBLIC)
     if (

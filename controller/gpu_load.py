@@ -3,12 +3,16 @@ may not throttle. Sampled through NVML (the `nvidia-ml-py` package): the compute
 device (any process outside the systems being measured and the controller is other load), the SM
 clock (its range over the turn) and the throttle reasons (power cap, thermal or hardware slowdown).
 
-One throttle is a system's own: the software power cap in the candidate's turn. The cap answers
-the power the turn's own kernels draw (a kernel that does more per byte read draws more), so the
-clocks it takes away are what the candidate costs on this GPU, timed as such, and the turn is not
-set aside for it. Before every turn the GPU is let out of any throttle (`settle`), so a cap the
-candidate reached cannot run on into the baseline's turn; a throttle of any kind in a baseline's
-turn, or in an A/A run, stays a disturbance, and so do heat and hardware slowdowns anywhere.
+One throttle is a system's own: the software power cap in its own turn, where two different
+systems are compared. The cap answers the power the turn's own kernels draw (a kernel that does
+more per byte read draws more), so the clocks it takes away are what that system costs on this
+GPU, timed as such, and the turn is not set aside for it: a baseline that was approved for a
+kernel of that kind (W12) caps itself in its turns as it did as a candidate. Before every turn the
+GPU is let out of any throttle (`settle`), and the other system's kernels are drained (below), so
+neither system's cap can run on into the other's turn. The power limit the cap enforces is read
+in every turn (`power_limit_w`): a system that could set it (as root) and lowered it for the other's
+turns is a finding (checks.power_limit_moved). In an A/A run a cap stays a disturbance, and so do
+heat and hardware slowdowns anywhere.
 
 A GPU cannot be frozen as a process can: kernels a system queued before it was frozen run on. So
 when the GPU passes to another system, the controller waits until the GPU is idle (`drain`, from
@@ -40,6 +44,7 @@ class GpuReport:
     sm_mhz: list[int] = field(default_factory=list)
     throttle: set[str] = field(default_factory=set)
     others: set[int] = field(default_factory=set)
+    power_limit_w: set[int] = field(default_factory=set)  # the enforced power limit, as read in the turn
     # `drain` waited for the GPU after the turn (another system's came next), this long, and saw
     # kernels run this long past the turn's last answer (None: still running at its limit)
     drained: bool = False
@@ -49,7 +54,7 @@ class GpuReport:
     def to_json(self) -> dict:
         lo, hi = (min(self.sm_mhz), max(self.sm_mhz)) if self.sm_mhz else (None, None)
         out = {"sm_mhz_min": lo, "sm_mhz_max": hi, "samples": len(self.sm_mhz), "throttle": sorted(self.throttle),
-               "other_pids": sorted(self.others)}  # fmt: skip
+               "other_pids": sorted(self.others), "power_limit_w": sorted(self.power_limit_w)}  # fmt: skip
         drain = {"drain_s": round(self.drain_s, 4), "busy_after_answer_s": self.busy_after_answer_s}
         return out | (drain if self.drained else {})
 
@@ -58,8 +63,9 @@ class GpuReport:
         return POWER_CAP in self.throttle
 
     def disturbances(self, where: str, own: bool = False) -> list[str]:
-        """What else slowed the GPU in the turn. `own`: the turn is the candidate's, so a power cap
-        (and the SM clock it lowered) is its own cost, not a disturbance."""
+        """What else slowed the GPU in the turn. `own`: the turn's system is one of two different
+        systems compared, so a power cap in its turn (and the SM clock it lowered) is its own cost,
+        not a disturbance."""
         out = []
         if self.others:
             out.append(f"other processes used {where}: pids {', '.join(map(str, sorted(self.others)))}")
@@ -149,6 +155,7 @@ class GpuWatch:
             if i % 10 == 0:  # the process list is the slow query
                 pids = {p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(self.handle)}
                 self.report.others |= pids - self._ours
+                self.report.power_limit_w.add(n.nvmlDeviceGetEnforcedPowerLimit(self.handle) // 1000)
             i += 1
             self._stop.wait(SAMPLE_S)
 

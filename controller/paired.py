@@ -68,6 +68,12 @@ class PairedRun:
         return sorted(i for i in a if a[i] != b.get(i))
 
 
+def own_labels(candidate: SystemTree, baseline: SystemTree) -> frozenset[str]:
+    """The systems whose GPU power cap in their own turns is their own cost (gpu_load.py): both,
+    where two different trees are compared; none in an A/A run, where a cap is a disturbance."""
+    return frozenset({"A", "B"}) if candidate.tree != baseline.tree else frozenset()
+
+
 def paired_run(
     adapter: EngineAdapter,
     baseline: SystemTree,
@@ -91,7 +97,7 @@ def paired_run(
     A block (noise.block_unit) is the unit of inference, fresh processes serving the same requests
     under A and B: a round, or in the sliced design one per slot (batch groups excepted)."""
     trees = {"A": baseline, "B": candidate}
-    own = frozenset({"B"}) if candidate.tree != baseline.tree else frozenset()  # none in an A/A run
+    own = own_labels(candidate, baseline)
     warm, measured = list(requests[:warmup]), list(requests[warmup:])
     if not measured:
         raise ValueError("no requests left after the warm-up")

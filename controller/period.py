@@ -41,7 +41,7 @@ class TurnStats:
     load: dict[str, dict] = field(default_factory=dict)
     gpu: dict[str, dict] = field(default_factory=dict)
     disturbances: list[str] = field(default_factory=list)
-    own_costs: list[str] = field(default_factory=list)  # the candidate's own throttling (gpu_load.py)
+    own_costs: list[str] = field(default_factory=list)  # a system's own throttling (gpu_load.py)
 
 
 @dataclass
@@ -73,10 +73,11 @@ def _drive(system, requests: Sequence[Request], out: dict, errors: list, start: 
 def _serve_turn(systems: dict, slots: dict[str, Slot], turn: Turn, results: dict,
                 slicer: Slicer | None = None, own: frozenset[str] = frozenset(), drain: bool = False) -> TurnStats:  # fmt: skip
     """Serve one turn (its labels concurrently, the others frozen; with a `slicer`, the turn's
-    labels share their core in time slices) and measure what else happened. `own`: the candidate's
-    label (none in an A/A run), whose GPU power cap is its own cost (gpu_load.py). `drain`: the
-    GPU passes to another system next, so wait (untimed) until the kernels of this turn's systems
-    are done, and note how long they ran after the last answer (gpu_load.GpuWatch.drain)."""
+    labels share their core in time slices) and measure what else happened. `own`: the labels whose
+    GPU power cap in their own turns is their own cost (paired.own_labels: both where two systems
+    are compared, none in an A/A run). `drain`: the GPU passes to another system next, so wait
+    (untimed) until the kernels of this turn's systems are done, and note how long they ran after
+    the last answer (gpu_load.GpuWatch.drain)."""
     labels = list(turn)
     key = str(slots[labels[0]])
     if slicer is not None:
@@ -174,7 +175,7 @@ def run_period(
 ) -> PeriodResult:
     """Start every system fresh on its slot (after its one prepare run), serve the schedule's
     turns in order, stop them all. Labels of one turn run concurrently and need distinct slots,
-    or, with a `slicer`, share one CPU slot in time slices. `own`: the candidate's label (_serve_turn)."""
+    or, with a `slicer`, share one CPU slot in time slices. `own`: as in _serve_turn."""
     for label, tree in trees.items():
         adapter.prepare(
             tree.tree, tree.path, slots[label], logs / f"prepare-{label}-{tree.tree[:12]}.log", label

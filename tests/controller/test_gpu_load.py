@@ -14,11 +14,12 @@ import types
 
 import pytest
 
-from specpilot.controller.checks import clock_split, queued_past_answer, violations
+from specpilot.controller.checks import clock_split, power_limit_moved, queued_past_answer, violations
 from specpilot.controller.gpu_load import POWER_CAP, GpuReport, GpuWatch
-from specpilot.controller.paired import PairedRun
+from specpilot.controller.paired import PairedRun, own_labels
 from specpilot.controller.period import PeriodResult, TurnStats, hands_over
 from specpilot.controller.slots import Slot
+from specpilot.controller.systems import SystemTree
 from specpilot.deployments import SpecPilotError
 
 SW_POWER_CAP, SW_THERMAL, GPU_IDLE = 0x4, 0x20, 0x1  # nvmlClocksThrottleReason* bits
@@ -66,6 +67,7 @@ class _Nvml(types.ModuleType):
         super().__init__("pynvml")
         self.masks, self.polls = list(masks), 0
         self.period_us, self.busy, self.sampled = 20_000, (0, 0), True
+        self.limit_mw = 700_000
 
     def nvmlDeviceGetSamples(self, handle, kind: int, after_us: int) -> tuple[int, list]:
         if not self.sampled:
@@ -99,6 +101,9 @@ class _Nvml(types.ModuleType):
     def nvmlDeviceGetComputeRunningProcesses(self, handle) -> list:
         return []
 
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle) -> int:
+        return self.limit_mw
+
 
 @pytest.fixture
 def nvml(monkeypatch):
@@ -128,6 +133,45 @@ def test_settle_gives_up_and_leaves_a_lasting_throttle_to_the_turns_samples(nvml
     report = watch.stop()
     assert report.throttle == {"software thermal slowdown"} and report.sm_mhz[0] == 1980
     assert report.disturbances("cuda:0", own=True) == ["cuda:0 throttled (software thermal slowdown)"]
+    assert report.power_limit_w == {700} and report.to_json()["power_limit_w"] == [700]
+
+
+def test_each_systems_cap_is_its_own_where_two_systems_are_compared_and_none_in_an_aa_run(tmp_path):
+    """A baseline approved for a kernel that draws more power a byte (W12) caps itself in its own
+    turns as it did as the candidate: its cost, not a disturbance that leaves no verdict."""
+    stock, w12 = SystemTree("a" * 40, tmp_path / "a"), SystemTree("b" * 40, tmp_path / "b")
+    assert own_labels(candidate=w12, baseline=stock) == {"A", "B"}
+    assert own_labels(candidate=stock, baseline=w12) == {"A", "B"}
+    assert own_labels(candidate=stock, baseline=SystemTree("a" * 40, tmp_path / "c")) == frozenset()
+    capped = GpuReport(sm_mhz=[1980, 1500], throttle={POWER_CAP})
+    assert capped.disturbances("cuda:0", own=True) == []
+    assert capped.disturbances("cuda:0") == [
+        "cuda:0 throttled (software power cap)",
+        "cuda:0's SM clock moved from 1980 to 1500 MHz",
+    ]
+
+
+def _limited(a_w: list[int], b_w: list[int]) -> PairedRun:
+    """An interleaved run whose turns read these enforced power limits, A's and B's in turn."""
+    turns = [TurnStats([lb], 0.1, {lb: 0.1}, {lb: 0.1}, gpu={lb: {"sm_mhz_max": 1980, "power_limit_w": [w]}})
+             for a, b in zip(a_w, b_w, strict=True) for lb, w in (("A", a), ("B", b))]  # fmt: skip
+    slot = Slot.parse("cuda:0")
+    return PairedRun(
+        design="interleaved", periods=[PeriodResult({"A": {}, "B": {}}, {"A": slot, "B": slot}, {}, turns)]
+    )
+
+
+def test_a_power_limit_lowered_for_the_other_systems_turns_is_a_violation():
+    """As root, a system could lower the limit as its turn ends and raise it as its next begins,
+    so the other's cap (now counted as the other's own cost) would be of its making."""
+    run = _limited([500, 500, 700], [700, 700, 700])
+    [finding] = power_limit_moved(run)
+    assert finding == (
+        "the GPU's power limit moved during the run ([500, 700] W in A's turns; [700] W in B's turns): "
+        "something set it between turns"
+    )
+    assert finding in violations(run)
+    assert power_limit_moved(_limited([600] * 3, [600] * 3)) == []  # one limit, whatever its value
 
 
 def _clocked(a_mhz: list[int], b_mhz: list[int]) -> PairedRun:
