@@ -181,8 +181,18 @@ def combine(rnd: RoundView) -> dict[str, Any]:
     if ev["approved"]:
         tree = git_run(repo, "rev-parse", f"{commit}^{{tree}}")
         return {"kind": "combined", "commit": commit, "tree": tree, "applied": applied, "dropped": dropped}
-    why = f"the merge with direction {best} did not beat it alone (gain {ev['gain']:.3f}, lower bound {ev['lower_bound']:.3f})"
+    why = merge_left_out(best, ev)
     return single(best, dropped | {i: why for i in applied if i != best})
+
+
+def merge_left_out(best: str, ev: dict[str, Any]) -> str:
+    """Why a merge judged against direction `best` alone was not kept: its gain, or, where the
+    controller gave no verdict (gain 0), the controller's reasons."""
+    why = "; ".join(ev.get("reasons") or [])
+    if not ev["gain"]:
+        return f"the merge with direction {best} got no verdict against it alone ({why or 'no reason given'})"
+    gain = f"gain {ev['gain']:.3f}, lower bound {ev['lower_bound']:.3f}"
+    return f"the merge with direction {best} did not beat it alone ({gain}{': ' + why if why else ''})"
 
 
 def seal(rnd: RoundView) -> dict[str, Any]:

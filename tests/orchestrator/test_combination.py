@@ -91,6 +91,25 @@ def test_a_conflicting_patch_is_left_out_and_named_in_the_round(world):
     )
 
 
+def test_a_merge_left_out_is_named_with_the_controllers_reason():
+    """A merge that got no verdict (a disturbed measurement) is not reported as one that lost."""
+    refused = {"gain": 0.0, "lower_bound": 0.0,
+               "reasons": ["measurement disturbed in 2 of 2 blocks (a slot throttled (software power cap)): no verdict"]}  # fmt: skip
+    assert sealing.merge_left_out("0", refused) == (
+        "the merge with direction 0 got no verdict against it alone (measurement disturbed in 2 of 2 blocks "
+        "(a slot throttled (software power cap)): no verdict)"
+    )
+    lost = {
+        "gain": 1.004,
+        "lower_bound": 0.998,
+        "reasons": ["lower bound -0.20% does not exceed 1% + 2σ = 1.17%"],
+    }
+    assert sealing.merge_left_out("1", lost) == (
+        "the merge with direction 1 did not beat it alone (gain 1.004, lower bound 0.998: "
+        "lower bound -0.20% does not exceed 1% + 2σ = 1.17%)"
+    )
+
+
 def test_a_round_budget_leaves_each_later_direction_its_first_look(world):
     """`controller.round_budget_s`: the next comparison may measure what the round's budget has left,
     less the time to a first look (Phase 0's noise run) for each direction still to judge after it."""
