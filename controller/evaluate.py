@@ -287,8 +287,11 @@ def compare(
             fatal.append(f"audit: {e} (on the audit's added requests)")
         result = audit_outputs(dep, home, db, audited, outputs, base_outputs)
         audit_summary = audit_json(result, contexts(dep, home, result, outputs)) | {"top_up": top}
-        if result.reasons or fatal:
-            verdict, res = _look(run, quiet, k_max, sd, c, True, fatal + result.reasons, prev)
+        # lossless or not is decided on every output pair the controller holds, the audit's added ones too
+        more = [] if changed else sorted(i for i in outputs if outputs[i] != base_outputs.get(i))
+        changed = changed or more
+        if result.reasons or fatal or more:
+            verdict, res = _look(run, quiet, k_max, sd, c, True, fatal + result.reasons, prev, bool(changed))
     sigma = sigma_for(sd, len(quiet))
     if any(u.get("cpuset") is False for p in run.periods for u in p.usage.values()):
         verdict.notes.append(UNCONFINED)
@@ -325,12 +328,22 @@ def compare(
 
 
 def _look(
-    run: PairedRun, quiet: list, k_max: int, sd: float, c, final: bool, fatal: list[str] = (), prev: int = 0
+    run: PairedRun,
+    quiet: list,
+    k_max: int,
+    sd: float,
+    c,
+    final: bool,
+    fatal: list[str] = (),
+    prev: int = 0,
+    changed: bool | None = None,
 ):
-    """The sequential look at the quiet blocks so far (the previous look at `prev`): (Verdict, PairedStats)."""
+    """The sequential look at the quiet blocks so far (the previous look at `prev`): (Verdict, PairedStats).
+    `changed`: the candidate changes the output (default: on the run's own requests)."""
     alpha, beta = look_levels(len(quiet), k_max, prev)
     res = paired_stats(quiet, level=alpha, futility=beta)
-    verdict = decide(res, sigma_for(sd, len(quiet)), changes_output=bool(run.changes_output()),
+    changed = bool(run.changes_output()) if changed is None else changed
+    verdict = decide(res, sigma_for(sd, len(quiet)), changes_output=changed,
                      min_gain=c.min_gain, output_change_gain=c.output_change_gain, extra_reasons=fatal, final=final)  # fmt: skip
     return verdict, res
 

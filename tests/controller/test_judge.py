@@ -266,9 +266,10 @@ def test_planted_defect_is_rejected_by_the_audit(judged):
     audit = ev.evidence["audit"]
     assert not audit["passed"] and audit["mismatches"] > 0 == audit["stock_mismatches"]
     assert any(r.startswith("audit:") for r in ev.reasons)
-    # Scored over the top-up too: the timed requests may all come out unchanged (then
-    # ev.changes_output is False and only the added requests show the defect).
+    # Scored over the top-up too: the timed requests may all come out unchanged, and only the added
+    # requests show the defect; whether the output changes is decided on all of them.
     assert audit["positions"] >= dep.controller.audit_positions
+    assert ev.changes_output and ev.evidence["changed_requests"]
 
 
 def test_protected_path_is_refused_without_running(judged):
