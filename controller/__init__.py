@@ -11,6 +11,7 @@ from .engine import Request, SystemFailed
 from .evaluate import Evaluation, compare, cost_report, measure_noise, quick_compare
 from .integrity import controller_digest
 from .phase0 import run_phase0
+from .refspec_system import tool_jail
 from .slots import Slot, lease
 from .systems import CandidateRefused, checkout, protected_hits
 
@@ -33,4 +34,5 @@ __all__ = [
     "protected_paths",
     "quick_compare",
     "run_phase0",
+    "tool_jail",
 ]

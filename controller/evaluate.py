@@ -37,6 +37,7 @@ from .engine import Request, SystemFailed
 from .load import summarize
 from .noise import noise_key, noise_state, pooled_noise
 from .paired import PairedRun, paired_run
+from .refspec_system import tool_jail
 from .slots import lease
 from .stats import MIN_LOOK, decide, look_levels, paired_stats, sigma_for
 from .systems import CandidateRefused, SystemTree, apply_candidate, checkout, tree_of
@@ -388,5 +389,5 @@ def cost_report(dep: Deployment, home: Home, rev: str, *, max_requests: int | No
     s0 = slots_of(dep)[0]
     with lease(home, [s0]):
         report = measure(dep, home, tree=system.path, slot=str(s0), requests=request_file(dep, home),
-                         system=system.tree, max_requests=max_requests)  # fmt: skip
+                         system=system.tree, max_requests=max_requests, jail=tool_jail(dep, home))  # fmt: skip
     return report.to_dict()

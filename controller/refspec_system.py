@@ -116,6 +116,74 @@ def compile_cache(home: Home, tree: str, slot: Slot) -> Path:
     return home.cache / "compile" / f"{tree}-{slot.kind}"
 
 
+def system_env(slot: Slot) -> dict[str, str]:
+    """The environment of a system's process inside its jail: its tree alone on the path, one
+    thread, the compile caches under /cache/compile, its slot's GPU."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONPATH": SYSTEM,
+        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        "TRITON_CACHE_DIR": f"{CACHE}/compile/triton", "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/compile/inductor",
+        "CUDA_CACHE_PATH": f"{CACHE}/compile/nv", **slot.env(),
+    }  # fmt: skip
+    for var in ("LD_LIBRARY_PATH", "CUDA_HOME"):
+        if var in os.environ:
+            env[var] = os.environ[var]
+    return env
+
+
+def _model_inside(dep: Deployment, real: Path) -> tuple[str, str]:
+    """(where the weights are inside a jail, the --model argument that names them there)."""
+    inside = f"{CACHE}/models/{real.name}"
+    by_name = real.parent.name == "models" and real.name == dep.target.model
+    return inside, (dep.target.model if by_name else inside)
+
+
+@dataclass
+class _ToolLaunch:
+    launch: object
+    scratch: Path
+
+    @property
+    def argv(self) -> list[str]:
+        return self.launch.argv
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.launch.env
+
+    def cleanup(self) -> None:
+        self.launch.cleanup()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def tool_jail(dep: Deployment, home: Home):
+    """The jail the cost model's tools run in (costmodel.runner.Jail): a system's profiler and
+    recorder are its own code, confined as its serve process is, with the target's real weights
+    read-only, a compile cache of the run's own (thrown away after) and `SPECPILOT_CACHE` at /cache."""
+
+    def jail(cmd: list[str], tree: Path, binds: list[tuple[Path, str, str]], slot: str) -> _ToolLaunch:
+        s = Slot.parse(slot)
+        real = weights_folder(dep, home)
+        inside, model = _model_inside(dep, real)
+        cmd = [model if i and cmd[i - 1] == "--model" else a for i, a in enumerate(cmd)]
+        scratch = Path(tempfile.mkdtemp(prefix="specpilot-tool-cc-"))
+        env = system_env(s) | {"SPECPILOT_CACHE": CACHE}
+        all_binds = [(real, inside, "ro"), (scratch, f"{CACHE}/compile", "rw"), *binds]
+        try:
+            launch = confine(cmd, tree=tree, binds=all_binds, home=home, env=env, cpus=s.host_cores(),
+                             cgroups=dep.controller.cgroups)  # fmt: skip
+            hand_to(scratch, launch)
+            for src, _, mode in binds:
+                if mode == "rw":
+                    hand_to(src, launch)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        return _ToolLaunch(launch, scratch)
+
+    return jail
+
+
 @dataclass(frozen=True)
 class RefspecAdapter:
     """A system's serve module (serve_boot.py) from its export, confined, the tree alone on the path."""
@@ -126,25 +194,12 @@ class RefspecAdapter:
     def start(self, tree: str, path: Path, slot: Slot, log: Path, role: str = "A", prepare: bool = False):
         real = weights_folder(self.dep, self.home)
         weights = decoy_folder(real, self.home) if prepare else real
-        inside = f"{CACHE}/models/{real.name}"
-        model = (
-            self.dep.target.model
-            if (real.parent.name == "models" and real.name == self.dep.target.model)
-            else inside
-        )
+        inside, model = _model_inside(self.dep, real)
         cc = compile_cache(self.home, tree, slot)
         cc.mkdir(parents=True, exist_ok=True)
         cmd = boot_command(sys.executable, path, SYSTEM) + ["--device", slot.device_arg(), "--model", model,
                "--cache", CACHE] + (["--batch"] if self.dep.serving.shape == "batch" else [])  # fmt: skip
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONPATH": SYSTEM,
-            "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "TRITON_CACHE_DIR": f"{CACHE}/compile/triton", "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/compile/inductor",
-            "CUDA_CACHE_PATH": f"{CACHE}/compile/nv", **slot.env(),
-        }  # fmt: skip
-        for var in ("LD_LIBRARY_PATH", "CUDA_HOME"):
-            if var in os.environ:
-                env[var] = os.environ[var]
+        env = system_env(slot)
         binds = [(weights, inside, "ro"), (cc, f"{CACHE}/compile", "rw" if prepare else "ro")]
         cpus = slot.host_cores()
         launch = confine(cmd, tree=path, binds=binds, home=self.home, env=env, cpus=cpus,

@@ -12,7 +12,7 @@ from .devices import device_spec
 from .profile import load_profile
 from .recording import label_sets, load_records
 from .replay import BUDGETS, replay_table
-from .runner import cached_record, run_profile
+from .runner import Jail, cached_record, run_profile
 
 
 def measure(
@@ -28,10 +28,12 @@ def measure(
     budget: int | None = None,
     max_requests: int | None = None,
     reprobe: bool = False,
+    jail: Jail | None = None,
 ) -> CostReport:
     """Profile and record the system at `tree` on `slot` over `requests` (or read the given
     `profile` / `record` files), replay τ and decompose. The device's peaks come first: a CPU probe
-    never runs beside the system. Profiles go to `<home>/runs/costmodel/`; recordings are cached."""
+    never runs beside the system. Profiles go to `<home>/runs/costmodel/`; recordings are cached.
+    `jail`: the tools run confined (runner.py); the controller always gives one."""
     slot = slot or dep.devices.slots[0]
     if (profile is None or record is None) and (tree is None or requests is None):
         raise SpecPilotError(
@@ -43,11 +45,13 @@ def measure(
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = home.runs / "costmodel" / f"{dep.name}-{stamp}" / "profile.json"
-        prof = run_profile(tree, slot, requests, out, home, max_requests=max_requests, model=dep.target.model)
+        prof = run_profile(
+            tree, slot, requests, out, home, max_requests=max_requests, model=dep.target.model, jail=jail
+        )
     if record is not None:
         records = load_records(record)
     else:
-        _, records = cached_record(tree, slot, requests, home, model=dep.target.model)
+        _, records = cached_record(tree, slot, requests, home, model=dep.target.model, jail=jail)
     records = label_sets(records, requests)
     want = budget or node_budget(prof)
     table = replay_table(records, sorted({*BUDGETS, want}))

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from specpilot.controller import tool_jail
 from specpilot.costmodel import (
     BUDGETS,
     TREE_POLICIES,
@@ -127,6 +128,7 @@ def costmodel(
         budget=budget,
         max_requests=max_requests,
         reprobe=reprobe,
+        jail=tool_jail(dep, c.home) if need_tree else None,
     )
     emit(c, report.to_dict(), lambda con: render_report(con, report))
 
@@ -155,7 +157,12 @@ def replay_tau(
         tree, _ = system_tree(dep, c.home, system)
         requests = request_path(dep, c.home, requests)
         _, records = cached_record(
-            tree, slot or dep.devices.slots[0], requests, c.home, model=dep.target.model
+            tree,
+            slot or dep.devices.slots[0],
+            requests,
+            c.home,
+            model=dep.target.model,
+            jail=tool_jail(dep, c.home),
         )
     else:
         records = load_records(record)
