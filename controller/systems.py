@@ -85,19 +85,24 @@ def _shadows(p: str, module: str) -> bool:
     )
 
 
+GIT_META = {".gitattributes", ".gitmodules"}  # how git materializes a tree: never a candidate's to change
+
+
 def protected_hits(paths: list[str], protected: list[str]) -> list[str]:
     """The touched paths that change a protected path or module: equal to or under a protected
-    path, a file that would be imported in place of a protected module, or any bytecode (never
-    part of a source tree: a .pyc can say something else than its source)."""
-    hits = []
-    for p in paths:
-        bytecode = p.endswith(".pyc") or "__pycache__" in p.split("/")
-        for q in protected:
-            q = q.rstrip("/")
-            if p == q or p.startswith(q + "/") or (q.endswith(".py") and _shadows(p, q)) or bytecode:
-                hits.append(p)
-                break
-    return hits
+    path, a file that would be imported in place of a protected module, any bytecode (never
+    part of a source tree: a .pyc can say something else than its source), or git's own files at
+    any depth (.gitattributes would make `git archive` export other bytes than the tree judged:
+    `ident`, `export-subst`, `export-ignore`)."""
+
+    def hit(p: str, q: str) -> bool:
+        q = q.rstrip("/")
+        return p == q or p.startswith(q + "/") or (q.endswith(".py") and _shadows(p, q))
+
+    def never(p: str) -> bool:  # whatever is protected
+        return p.endswith(".pyc") or "__pycache__" in p.split("/") or p.rsplit("/", 1)[-1] in GIT_META
+
+    return [p for p in paths if never(p) or any(hit(p, q) for q in protected)]
 
 
 def apply_candidate(

@@ -294,6 +294,18 @@ def test_a_module_shadowing_the_protected_one_is_refused(judged):
     assert not ev.approved and ev.run_id is None and "refspec/serve/__init__.py" in ev.reasons[0]
 
 
+def test_a_gitattributes_anywhere_is_refused(judged):
+    """`git archive` applies a tree's .gitattributes (`ident`, `export-subst`): exports of the same
+    tree would then hold other bytes than the tree that was judged."""
+    home, dep, ws, _ = judged
+
+    def attrs(t: Path) -> None:
+        (t / "refspec/.gitattributes").write_text("*.py ident export-subst\n")
+
+    ev = controller.compare(dep, home, "system", _candidate(ws, "attrs", attrs))
+    assert not ev.approved and ev.run_id is None and "refspec/.gitattributes" in ev.reasons[0]
+
+
 def test_crashing_candidate_is_a_failed_run_not_a_hang(judged):
     home, dep, ws, _ = judged
     crash = _candidate(
