@@ -234,9 +234,25 @@ class LineProcess:
         if cg is not None:
             cg.freeze(on)
         else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
+            self._signal_all(signal.SIGSTOP if on else signal.SIGCONT)
         self.paused = on
+
+    def _signal_all(self, sig: int, rounds: int = 50) -> None:
+        """Signal every process of the system without a cgroup: its process group, and every process
+        below the launcher, which a process that left the group (setsid) still is (the jail's PID
+        namespace keeps orphans below its init). Listed again until no new one turns up, so a child
+        forked meanwhile is caught too."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+        sent: set[int] = set()
+        for _ in range(rounds):
+            new = set(process_tree(self.proc.pid)) - sent
+            if not new:
+                return
+            for pid in new:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            sent |= new
 
     def pids(self) -> list[int]:
         cg = self.launch.cgroup

@@ -287,3 +287,47 @@ def test_a_deployment_that_opts_out_runs_confined_without_a_cgroup(world, tmp_pa
     assert RUN_UIDS[0] <= int(got["out"]) < RUN_UIDS[1], (
         "still a user of its own, in a user namespace of its own"
     )
+
+
+ESCAPE = r"""
+import os, sys, time
+if os.fork() == 0:  # a helper that leaves the process group (and the session) and computes on
+    os.setsid()
+    while True:
+        pass
+print('{"ready": true}', flush=True)
+time.sleep(60)
+"""
+
+
+def test_without_a_cgroup_a_process_that_left_the_group_is_frozen_too(world, tmp_path, monkeypatch):
+    """Where no cgroup is made (controller.cgroups = "optional"), a pause signals every process below
+    the launcher: a helper that called setsid() is out of the process group, not out of reach."""
+    import psutil
+
+    from specpilot.controller import confine as confine_mod
+    from specpilot.controller.engine import LineProcess, process_tree
+
+    home, tree, _ = world
+    (tree / "escape.py").write_text(ESCAPE)
+    monkeypatch.setattr(confine_mod.Cgroup, "create", staticmethod(lambda cpus: None))
+    launch = confine([sys.executable, "-I", "/system/escape.py"], tree=tree, binds=[], home=home,
+                     env={"PATH": "/usr/bin:/bin"}, cpus=None, cgroups="optional")  # fmt: skip
+    proc = LineProcess(launch, cwd=tree, log=tmp_path / "escape.log", cpus=None)
+    try:
+        proc.next_event(time.perf_counter() + 60, "loading")
+
+        def cpu() -> float:
+            return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in process_tree(proc.proc.pid))
+
+        proc.pause(True)
+        time.sleep(0.2)  # let the stop land
+        before = cpu()
+        time.sleep(1.0)
+        assert cpu() - before < 0.05, "a process of the paused system went on computing"
+        proc.pause(False)
+        before = cpu()
+        time.sleep(0.5)
+        assert cpu() - before > 0.2, "the helper runs again once the system is thawed"
+    finally:
+        proc.stop(grace_s=1)
