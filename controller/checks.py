@@ -46,7 +46,9 @@ Each finding is an integrity violation: the comparison gets no approval, and the
   system the controller waits until it is idle (gpu_load.GpuWatch.drain), so queued work slows no
   one's turn, but it is device time outside the candidate's timing. The candidate seen busy after
   its last answer in more of its turns than the baseline (`UNTIMED_FACTOR` × + `QUEUED_SLACK`) is a
-  finding, as its CPU work outside its turns is.
+  finding, as its CPU work outside its turns is. So is a single turn after which its kernels
+  outlasted the drain (`DRAIN_S`) with nothing else on the GPU: that makes a disturbance, which
+  sets the block aside, and a candidate that could set blocks aside would choose which count.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import statistics
 import numpy as np
 from scipy import stats
 
+from .gpu_load import DRAIN_S
 from .paired import PairedRun
 
 CPU_SHARE_LIMIT = 1.05  # CPU seconds per wall second a one-core system may use (accounting slack)
@@ -144,6 +147,7 @@ def queued_past_answer(run: PairedRun) -> list[str]:
     past its last answer, the candidate's against the baseline's (nothing where none was drained)."""
     drained = {"A": 0, "B": 0}
     busy = {"A": 0, "B": 0}
+    stuck = 0  # B's turns whose kernels outlasted the drain's limit, nothing else on the GPU
     for period in run.periods:
         for turn in period.turns:
             for lb, gpu in turn.gpu.items():
@@ -151,10 +155,16 @@ def queued_past_answer(run: PairedRun) -> list[str]:
                     drained[lb] += 1
                     after = gpu["busy_after_answer_s"]
                     busy[lb] += after is None or after > 0
+                    stuck += lb == "B" and after is None and not gpu.get("other_pids")
+    out = []
     if busy["B"] > UNTIMED_FACTOR * busy["A"] + QUEUED_SLACK:
-        return [f"system B's kernels ran on after its last answer in {busy['B']} of the {drained['B']} turns it handed "
-                f"the GPU on, against the baseline's {busy['A']} of {drained['A']}: GPU work outside its timed turns"]  # fmt: skip
-    return []
+        out.append(f"system B's kernels ran on after its last answer in {busy['B']} of the {drained['B']} turns it "
+                   f"handed the GPU on, against the baseline's {busy['A']} of {drained['A']}: GPU work outside its "
+                   "timed turns")  # fmt: skip
+    if stuck:  # a disturbance sets its block aside: the candidate would choose which blocks count
+        out.append(f"system B's kernels were still running {DRAIN_S:.0f} s after its last answer in {stuck} turn"
+                   f"{'s' * (stuck > 1)}: a block it can have set aside at will")  # fmt: skip
+    return out
 
 
 def carryover(run: PairedRun) -> list[str]:

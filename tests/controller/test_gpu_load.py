@@ -258,9 +258,25 @@ def _drained(a_busy: list[float | None], b_busy: list[float | None]) -> PairedRu
 
 def test_the_candidates_kernels_past_its_answers_are_a_violation():
     run = _drained([0.0] * 12, [0.17] * 10 + [None, 0.0])
-    [finding] = queued_past_answer(run)
+    finding, stuck = queued_past_answer(run)
     assert finding.startswith("system B's kernels ran on after its last answer in 11 of the 12 turns")
+    assert stuck.endswith("in 1 turn: a block it can have set aside at will")
     assert finding in violations(run)
+
+
+def test_one_turn_whose_kernels_outlast_the_drain_is_a_violation():
+    """Still busy at the drain's limit is a disturbance that sets the block aside: the candidate
+    must not choose which of its blocks count."""
+    run = _drained([0.0] * 12, [0.0] * 11 + [None])
+    [finding] = queued_past_answer(run)
+    assert (
+        finding
+        == "system B's kernels were still running 5 s after its last answer in 1 turn: a block it can have set aside at will"
+    )
+    assert finding in violations(run)
+    assert (
+        queued_past_answer(_drained([None] + [0.0] * 11, [0.0] * 12)) == []
+    )  # the baseline's: a disturbance
 
 
 def test_kernels_past_the_answer_as_often_as_the_baselines_are_no_finding():
