@@ -238,21 +238,15 @@ class LineProcess:
         self.paused = on
 
     def _signal_all(self, sig: int, rounds: int = 50) -> None:
-        """Signal every process of the system without a cgroup: its process group, and every process
-        below the launcher, which a process that left the group (setsid) still is (the jail's PID
-        namespace keeps orphans below its init). Listed again until no new one turns up, so a child
-        forked meanwhile is caught too."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
+        """Signal every process below the launcher (without a cgroup): one that left the process
+        group with setsid() is still below it, as the jail's PID namespace keeps orphans under its
+        init. Listed again until no new one turns up, so a child forked meanwhile is caught too."""
         sent: set[int] = set()
-        for _ in range(rounds):
-            new = set(process_tree(self.proc.pid)) - sent
-            if not new:
-                return
+        while rounds and (new := set(process_tree(self.proc.pid)) - sent):
             for pid in new:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-            sent |= new
+            sent, rounds = sent | new, rounds - 1
 
     def pids(self) -> list[int]:
         cg = self.launch.cgroup
