@@ -101,7 +101,7 @@ def run_tool(
             inside = [sys.executable, "-m", f"refspec.{tool}", "--device", device, "--requests", IN, *args,
                       "--out", f"{OUT}/{tool}.out"]  # fmt: skip
             launch = jail(inside, tree, [(requests, IN, "ro"), (box, OUT, "rw")], slot)
-            cmd, env, pin, written = launch.argv, launch.env, None, box / f"{tool}.out"
+            cmd, env, written = launch.argv, launch.env, box / f"{tool}.out"  # still pinned before exec
         with open(log, "w") as err:
             proc = subprocess.run(
                 cmd, stdout=err, stderr=subprocess.STDOUT, env=env, timeout=timeout, preexec_fn=pin
