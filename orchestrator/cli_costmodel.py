@@ -13,7 +13,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from specpilot.controller import tool_jail
 from specpilot.costmodel import (
     BUDGETS,
     TREE_POLICIES,
@@ -91,6 +90,15 @@ def request_path(dep: Deployment, home: Home, given: Path | None) -> Path:
     return request_file(dep, home)
 
 
+def _jail(dep: Deployment, home: Home):
+    """The controller's confinement for a system's own cost-model tools, imported only by the
+    commands that run one: the controller loads torch and scipy, and every other command of the
+    CLI starts without them."""
+    from specpilot.controller import tool_jail
+
+    return tool_jail(dep, home)
+
+
 def costmodel(
     ctx: typer.Context,
     deployment: str = DEPLOYMENT,
@@ -128,7 +136,7 @@ def costmodel(
         budget=budget,
         max_requests=max_requests,
         reprobe=reprobe,
-        jail=tool_jail(dep, c.home) if need_tree else None,
+        jail=_jail(dep, c.home) if need_tree else None,
     )
     emit(c, report.to_dict(), lambda con: render_report(con, report))
 
@@ -162,7 +170,7 @@ def replay_tau(
             requests,
             c.home,
             model=dep.target.model,
-            jail=tool_jail(dep, c.home),
+            jail=_jail(dep, c.home),
         )
     else:
         records = load_records(record)

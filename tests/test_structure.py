@@ -153,3 +153,17 @@ def test_every_public_name_is_there():
     missing = [f"{face}.{name}" for face in FACES for name in sorted(public_names(face))
                if not hasattr(importlib.import_module(face), name)]  # fmt: skip
     assert not missing, missing
+
+
+def test_the_cli_starts_without_torch_scipy_or_the_controller():
+    """Every `specpilot` command loads the CLI; torch, scipy and the controller load only in the
+    commands that judge or run a system (~5 CPU-seconds a start: the test suite starts ~100)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, specpilot.orchestrator.cli\n"
+        "print(' '.join(m for m in ('torch', 'scipy.stats', 'specpilot.controller') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "", f"the CLI loads {loaded.strip()} at start: import it inside the command"
