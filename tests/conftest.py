@@ -62,18 +62,9 @@ def pytest_runtest_protocol(item, nextitem):
             fcntl.flock(_ROOM, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
         finally:
             fcntl.flock(_TURNSTILE, fcntl.LOCK_UN)
-    # A quiet test has the machine: its in-process torch work (composing Phase 0's pool, the
-    # audit's scoring) gets every core, where tests/refspec's conftest set one for the shared run.
-    # The timed systems are processes of their own, started with one thread each.
-    torch = sys.modules.get("torch") if quiet else None
-    threads = torch.get_num_threads() if torch is not None else None
-    if torch is not None:
-        torch.set_num_threads(len(cores))
     try:
         yield
     finally:
-        if torch is not None:
-            torch.set_num_threads(threads)
         os.sched_setaffinity(0, cores)
         _HOLDING[0] = quiet and _quiet(nextitem)
         if not _HOLDING[0]:
