@@ -46,13 +46,13 @@ TRIES = 4  # rounds of drawing again before the pool is declared short
 def draws(dep: Deployment) -> int:
     """Draws a composed pool holds: a comparison's, those its audit adds to reach
     `controller.audit_positions` (each of fresh prompts), and `SPARE_DRAWS`."""
-    positions = sum(dep.workload.sets.values()) * dep.groups * dep.workload.max_new_tokens
+    positions = sum(dep.draw_sizes.values()) * dep.workload.max_new_tokens
     return -(-dep.controller.audit_positions // positions) + SPARE_DRAWS
 
 
 def pool_size(dep: Deployment, name: str) -> int:
     """Prompts of set `name` a composed pool holds: `draws` draws' worth, warm-ups included."""
-    return draws(dep) * (dep.workload.sets[name] * dep.groups + dep.controller.warmup_requests)
+    return draws(dep) * (dep.draw_sizes[name] + dep.controller.warmup_requests)
 
 
 def opening(text: str) -> str:

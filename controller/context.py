@@ -97,10 +97,10 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
         by_set.setdefault(r.set, []).append(r)
     n_groups = dep.groups
     chosen = []
-    for name, k in dep.workload.sets.items():
+    for name, need in dep.draw_sizes.items():
         have = by_set.get(name, [])
-        if len(have) < k * n_groups:
-            per = f" ({k} for each of {n_groups} batch sizes)" if n_groups > 1 else ""
+        if len(have) < need:
+            per = f" ({dep.workload.sets[name]} for each of {n_groups} batch sizes)" if n_groups > 1 else ""
             where, fix = (
                 ("its composed pool holds", "")
                 if composed_pool is not None
@@ -109,10 +109,10 @@ def draw_requests(dep: Deployment, home: Home, seed: int | None = None,
                 else ("its pool holds", "")
             )
             raise SpecPilotError(
-                f"deployment {dep.name!r}: a draw needs {k * n_groups} prompts of set {name!r}{per}, "
+                f"deployment {dep.name!r}: a draw needs {need} prompts of set {name!r}{per}, "
                 f"{where} {len(have)}; {fix}lower workload.sets.{name}"
             )
-        chosen += rng.sample(have, k * n_groups)
+        chosen += rng.sample(have, need)
     tags = {r.id: f"{rng.getrandbits(32):08x}" for r in chosen}
     if anchors and n_groups == 1:
         recorded = dict(a.split("#", 1) for a in sorted(anchors) if "#" in a)  # pool id -> its tag

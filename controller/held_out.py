@@ -29,13 +29,8 @@ def store(dep: Deployment, home: Home, source: Path) -> dict[str, int]:
         raise SpecPilotError(f"{source}: cannot read the held-out prompts ({e}); give a JSONL file") from None
     prompts = held_out.parse(dep, text, str(source))
     got = held_out.counts(prompts)
-    groups = dep.groups
-    short = [
-        f"{s}: {got.get(s, 0)} of {k * groups}"
-        for s, k in dep.workload.sets.items()
-        if got.get(s, 0) < k * groups
-    ]
-    need = sum(dep.workload.sets.values()) * groups + dep.controller.warmup_requests
+    short = [f"{s}: {got.get(s, 0)} of {n}" for s, n in dep.draw_sizes.items() if got.get(s, 0) < n]
+    need = sum(dep.draw_sizes.values()) + dep.controller.warmup_requests
     if short or len(prompts) < need:
         raise SpecPilotError(
             f"{source}: too few held-out prompts for one draw ({', '.join(short) or f'{len(prompts)} of {need} in all'}: "

@@ -199,6 +199,12 @@ class Deployment(_Strict):
         return len(self.serving.batch_sizes) if self.serving.shape == "batch" else 1
 
     @property
+    def draw_sizes(self) -> dict[str, int]:
+        """Prompts of each set one judged draw measures (warm-ups aside): the workload's count for
+        each group. The pool it draws from (public set, held-out or composed) must hold at least this."""
+        return {name: k * self.groups for name, k in self.workload.sets.items()}
+
+    @property
     def design(self) -> str:
         """The paired design the controller runs (controller.design, 'auto' resolved)."""
         d = self.controller.design

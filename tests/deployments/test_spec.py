@@ -14,6 +14,7 @@ from specpilot.deployments import (
 )
 from specpilot.deployments.home import Home
 from specpilot.deployments.registry import SHIPPED
+from specpilot.deployments.workloads.sources import SETS
 
 PAPER = {
     "qwen27b-h100",
@@ -31,6 +32,25 @@ def test_every_shipped_spec_loads_and_is_named_after_its_file():
     for name in files:
         dep = load_deployment(name)
         assert dep.name == name
+
+
+def test_every_shipped_spec_on_the_public_sets_can_make_a_draw_from_them():
+    """A shipped spec judged on the public sets must find one draw's prompts there (each batch size
+    takes its own), warm-ups too; else its first comparison stops with "a draw needs …"."""
+    for name in deployment_files():
+        dep = load_deployment(name)
+        if dep.controller.prompts != "public":
+            continue  # a composed pool is sized from the spec (controller/composed.py)
+        for s, need in dep.draw_sizes.items():
+            assert need <= SETS[s].count, f"{name}: a draw needs {need} prompts of {s}, which holds {SETS[s].count}"
+        pool = sum(SETS[s].count for s in dep.draw_sizes)
+        assert sum(dep.draw_sizes.values()) + dep.controller.warmup_requests <= pool, name
+
+
+def test_a_batch_spec_draws_the_workloads_count_for_each_batch_size():
+    dep = load_deployment("smollm-h200-batch")
+    assert dep.draw_sizes == {s: k * len(dep.serving.batch_sizes) for s, k in dep.workload.sets.items()}
+    assert load_deployment("smollm-h200").draw_sizes == load_deployment("smollm-h200").workload.sets
 
 
 def test_embedded_default_is_refspec_on_two_cpu_slots():
