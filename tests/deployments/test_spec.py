@@ -42,7 +42,9 @@ def test_every_shipped_spec_on_the_public_sets_can_make_a_draw_from_them():
         if dep.controller.prompts != "public":
             continue  # a composed pool is sized from the spec (controller/composed.py)
         for s, need in dep.draw_sizes.items():
-            assert need <= SETS[s].count, f"{name}: a draw needs {need} prompts of {s}, which holds {SETS[s].count}"
+            assert need <= SETS[s].count, (
+                f"{name}: a draw needs {need} prompts of {s}, which holds {SETS[s].count}"
+            )
         pool = sum(SETS[s].count for s in dep.draw_sizes)
         assert sum(dep.draw_sizes.values()) + dep.controller.warmup_requests <= pool, name
 
