@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import resource
+import select
 import signal
 import sys
 import time
@@ -354,8 +355,7 @@ def main(argv: list[str]) -> int:
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
             return SETUP_FAILED
-        os.write(placed_w, b"1")
-        os.close(placed_w)
+        os.write(placed_w, b"1")  # and placed_w stays open while the launcher lives (see below)
         if os.getppid() != controller:  # it died before the death signal was armed
             stop(None, None)
         status = os.waitpid(child, 0)[1]
@@ -370,7 +370,6 @@ def main(argv: list[str]) -> int:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # before the wait: the launcher may die in it
     if os.read(placed_r, 1) != b"1":  # the launcher failed to place us: nothing of the system runs
         os._exit(SETUP_FAILED)
-    os.close(placed_r)
     try:  # PID 1 of the new namespace
         build_root(spec)
         libc.sethostname(b"system", 6)
@@ -379,6 +378,12 @@ def main(argv: list[str]) -> int:
         if fsize:
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         drop_privileges(spec, userns)
+        # Becoming the run's own user cleared the death signal (the kernel clears it on any change
+        # of uid or gid): armed again, then the launcher's end of `placed` is checked, since it may
+        # have died in between (getppid() is 0 across the namespace's border).
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if select.select([placed_r], [], [], 0)[0]:  # end of file: the launcher is gone
+            os._exit(SETUP_FAILED)
     except (OSError, SetupError) as e:
         print(f"jail: {e}", file=sys.stderr)
         os._exit(SETUP_FAILED)

@@ -226,6 +226,44 @@ def test_a_frozen_system_dies_with_its_controller(world):
         d.rmdir()
 
 
+UNGROUPED_CONTROLLER = r"""
+import json, subprocess, sys, time
+from pathlib import Path
+import psutil
+from specpilot.controller import confine as confine_mod
+from specpilot.deployments import Home
+confine_mod.Cgroup.create = staticmethod(lambda cpus: None)  # as on a machine without a writable cgroup
+launch = confine_mod.confine([sys.executable, "-I", "-c", "print('up', flush=True)\nwhile True: pass"],
+                             tree=Path(sys.argv[1]), binds=[], home=Home(Path(sys.argv[2])), env={"PATH": "/usr/bin:/bin"},
+                             cpus=None, cgroups="optional")
+proc = subprocess.Popen(launch.argv, env=launch.env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+assert proc.stdout.readline().strip() == "up"
+below = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+print(json.dumps({"pids": below, "launcher": proc.pid}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_without_a_cgroup_a_running_system_dies_with_its_controller(world):
+    """Killed mid-round on a machine without a writable cgroup (the lent GPU's), the controller takes
+    the whole confined tree with it: the launcher, the namespace's first process (whose death signal
+    the switch to the run's own user had cleared, leaving a GPU server serving on into the next
+    round's measurements) and the system."""
+    home, tree, _ = world
+    ctl = subprocess.Popen([sys.executable, "-c", UNGROUPED_CONTROLLER, str(tree), str(home.root)],
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    got = json.loads(ctl.stdout.readline())
+    assert len(got["pids"]) == 2, "the namespace's first process and the system"
+    ctl.kill()
+    ctl.wait()
+    deadline = time.monotonic() + 10
+    alive = list(got["pids"]) + [got["launcher"]]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
+    assert not alive, f"left behind: {alive}"
+
+
 # A machine without a writable cgroup, made for real: a mount namespace of its own in which every
 # cgroup mount is read-only (so on the lent H200, where /sys/fs/cgroup is not writable).
 READ_ONLY_CGROUPS = (
