@@ -49,12 +49,6 @@ def test_every_shipped_spec_on_the_public_sets_can_make_a_draw_from_them():
         assert sum(dep.draw_sizes.values()) + dep.controller.warmup_requests <= pool, name
 
 
-def test_a_batch_spec_draws_the_workloads_count_for_each_batch_size():
-    dep = load_deployment("smollm-h200-batch")
-    assert dep.draw_sizes == {s: k * len(dep.serving.batch_sizes) for s, k in dep.workload.sets.items()}
-    assert load_deployment("smollm-h200").draw_sizes == load_deployment("smollm-h200").workload.sets
-
-
 def test_embedded_default_is_refspec_on_two_cpu_slots():
     dep = load_deployment("smollm-cpu")
     assert (dep.engine, dep.stock.tree, dep.drafter.kind) == ("refspec", "refspec", "ngram")
