@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -104,31 +104,60 @@ def _decode(model, nxt: torch.Tensor, at: int, real: torch.Tensor) -> torch.Tens
 
 @torch.inference_mode()
 def _sample(
-    model, openings: list[list[int]], steps: int, stop: set[int], gen: torch.Generator
+    model,
+    openings: list[list[int]],
+    steps: int,
+    stop: set[int],
+    gen: torch.Generator,
+    done: Callable[[list[int]], bool] | None = None,
 ) -> list[list[int]]:
     """Continue each opening by up to `steps` sampled tokens, all in one batch; each continuation cut
-    before its first `stop` token."""
+    before its first `stop` token. A row is finished at a stop token, or once `done` holds for its
+    tokens so far; finished rows leave the batch, cache rows and all (once a quarter of it has
+    finished), so the rows still sampling do not pay for them: decoding on the CPU costs in
+    proportion to the rows."""
     logits, real = _prefill(model, openings, steps)
     s = real.shape[1] - steps
-    out = []
+    rows: list[list[int]] = [[] for _ in openings]
+    alive = list(range(len(openings)))  # the opening of each batch row
+    finished: set[int] = set()  # openings
     for i in range(steps):
         p = torch.softmax(logits[:, -1] / TEMPERATURE, dim=-1)
         sp, si = p.sort(dim=-1, descending=True)
         sp = sp * (sp.cumsum(-1) - sp < TOP_P)  # the nucleus: the top tokens up to TOP_P of the mass
         nxt = si.gather(1, torch.multinomial(sp, 1, generator=gen))
-        out.append(nxt)
-        if i + 1 < steps:
-            logits = _decode(model, nxt, s + i, real)
-    rows = torch.cat(out, 1).tolist()
+        for row, t in zip(alive, nxt[:, 0].tolist(), strict=True):
+            if row not in finished:
+                rows[row].append(t)
+                if t in stop or (done is not None and done(rows[row])):
+                    finished.add(row)
+        if i + 1 == steps or len(finished) == len(openings):
+            break
+        gone = [b for b, row in enumerate(alive) if row in finished]
+        if 4 * len(gone) >= len(alive):
+            keep = torch.tensor([b for b, row in enumerate(alive) if row not in finished])
+            model.kv, model.batch = model.kv.index_select(2, keep), len(keep)
+            real, nxt, alive = real[keep], nxt[keep], [alive[b] for b in keep.tolist()]
+        logits = _decode(model, nxt, s + i, real)
     return [row[: next((j for j, t in enumerate(row) if t in stop), len(row))] for row in rows]
 
 
-def _continue(model, tok, texts: list[str], steps: int, stop: set[int], gen: torch.Generator) -> list[str]:
-    """Each text continued by up to `steps` sampled tokens (cut at a `stop` token), decoded."""
+def _continue(
+    model,
+    tok,
+    texts: list[str],
+    steps: int,
+    stop: set[int],
+    gen: torch.Generator,
+    until: str | None = None,
+) -> list[str]:
+    """Each text continued by up to `steps` sampled tokens (cut at a `stop` token, or finished once
+    the continuation holds `until`), decoded."""
     if not texts:
         return []
     ids = [tok.encode(t, add_special_tokens=False).ids for t in texts]
-    return [tok.decode(cont) for cont in _sample(model, ids, steps, stop, gen)]
+    done = None if until is None else (lambda row: until in tok.decode(row))
+    return [tok.decode(cont) for cont in _sample(model, ids, steps, stop, gen, done)]
 
 
 def compose(dep: Deployment, home: Home, seed: int, avoid: frozenset[str] = frozenset()) -> list[Prompt]:
@@ -162,7 +191,7 @@ def compose(dep: Deployment, home: Home, seed: int, avoid: frozenset[str] = froz
             ):
                 texts[i] = t
             # A code prompt is a stub, as HumanEval's are: a sampled signature, then a docstring sampled for it.
-            sigs = _continue(model, tok, [heads[i] for i in code], SIGNATURE_TOKENS, stop, gen)
+            sigs = _continue(model, tok, [heads[i] for i in code], SIGNATURE_TOKENS, stop, gen, until="\n")
             ok = [(i, sig) for i, t in zip(code, sigs, strict=True) if (sig := signature(t)) is not None]
             opened = [sig + '\n    """' for _, sig in ok]
             docs = _continue(
@@ -172,6 +201,7 @@ def compose(dep: Deployment, home: Home, seed: int, avoid: frozenset[str] = froz
                 DOC_TOKENS,
                 stop,
                 gen,
+                until='"""',
             )
             for (i, _), o, d in zip(ok, opened, docs, strict=True):
                 texts[i] = o + docstring(d)

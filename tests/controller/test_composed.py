@@ -88,6 +88,40 @@ def test_openings_of_any_lengths_sample_in_one_batch_as_each_would_alone(home):
         assert torch.allclose(after[i, -1], again[0, -1], atol=1e-4), texts[i]
 
 
+def test_finished_rows_leave_the_batch_and_the_rest_sample_as_beside_them(home, monkeypatch):
+    """A row finished by `done` stops where it held, its cache row leaves the batch, and the rows
+    left go on exactly as they would have beside it (sampling made argmax, so runs compare)."""
+    import torch
+
+    from specpilot.controller.scorer import _stock_model
+
+    h, dep = _small(home)
+    tok = load_chat_template(target_folder(dep, h)).tokenizer
+    model = _stock_model(dep.target.model, str(h.cache), "cpu")
+    texts = ["def add(a, b):\n    return", "Write a haiku about", "x", "The capital of France is"]
+    openings = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    monkeypatch.setattr(composed, "TEMPERATURE", 1e-6)
+    full = composed._sample(model, openings, 12, set(), torch.Generator().manual_seed(0))
+    assert all(len(r) == 12 for r in full)
+    ends = {0: 2, 2: 3, 3: 5}  # row -> the token it finishes on
+    stops = {tuple(full[r][:k]) for r, k in ends.items()}
+    for r, row in enumerate(full):  # each row meets a stop only where it is meant to finish
+        hits = [k for k in range(1, 13) if tuple(row[:k]) in stops]
+        assert hits == ([ends[r]] if r in ends else []), (r, hits)
+    rows_decoded = []
+    decode = composed._decode
+    monkeypatch.setattr(
+        composed,
+        "_decode",
+        lambda m, nxt, at, real: rows_decoded.append(len(nxt)) or decode(m, nxt, at, real),
+    )
+    early = composed._sample(
+        model, openings, 12, set(), torch.Generator().manual_seed(0), lambda row: tuple(row) in stops
+    )
+    assert early == [full[0][:2], full[1], full[2][:3], full[3][:5]]
+    assert rows_decoded[0] == 4 and rows_decoded[-1] == 1, rows_decoded
+
+
 def test_draws_come_from_phase0s_pool_and_an_operators_set_comes_first(home, tmp_path):
     h, dep = _small(home)
     with pytest.raises(
