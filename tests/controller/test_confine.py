@@ -185,6 +185,18 @@ def test_the_cpuset_holds_and_the_freezer_stops_everything(world):
     assert not Path(cg.procs[0]).exists()
 
 
+def _left_behind(ctl: subprocess.Popen, pids: list[int], within_s: float = 10.0) -> list[int]:
+    """Kill the controller `ctl`; the processes of `pids` still there (not zombies) `within_s` later."""
+    ctl.kill()
+    ctl.wait()
+    deadline = time.monotonic() + within_s
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
+    return alive
+
+
 CONTROLLER = r"""
 import json, subprocess, sys, time
 from pathlib import Path
@@ -212,14 +224,8 @@ def test_a_frozen_system_dies_with_its_controller(world):
     got = json.loads(ctl.stdout.readline())
     assert got["pids"] and got["launcher"] not in got["pids"], "the launcher stays outside the cgroup"
     assert all(_state(p) in ("T", "D", "S") for p in got["pids"])
-    ctl.kill()
-    ctl.wait()
-    deadline = time.monotonic() + 10
-    alive = list(got["pids"]) + [got["launcher"]]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [p for p in alive if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
-    assert not alive, f"left behind: {alive}"
+    left = _left_behind(ctl, [*got["pids"], got["launcher"]])
+    assert not left, f"left behind: {left}"
     procs = Path(got["freezer"]) / "cgroup.procs"
     assert not procs.exists() or not procs.read_text().split()
     for d in Path("/sys/fs/cgroup").glob(f"*/{Path(got['freezer']).name}"):
@@ -254,14 +260,8 @@ def test_without_a_cgroup_a_running_system_dies_with_its_controller(world):
                            stdout=subprocess.PIPE, text=True)  # fmt: skip
     got = json.loads(ctl.stdout.readline())
     assert len(got["pids"]) == 2, "the namespace's first process and the system"
-    ctl.kill()
-    ctl.wait()
-    deadline = time.monotonic() + 10
-    alive = list(got["pids"]) + [got["launcher"]]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [p for p in alive if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
-    assert not alive, f"left behind: {alive}"
+    left = _left_behind(ctl, [*got["pids"], got["launcher"]])
+    assert not left, f"left behind: {left}"
 
 
 # A machine without a writable cgroup, made for real: a mount namespace of its own in which every
