@@ -2,8 +2,8 @@
 # Issue 41's round on the lent GPU, across as many device calls as it takes (each ≤ 10 minutes):
 #   run(carry=[".gpu/whl", ".gpu/data", ".gpu/wide", ".gpu/state"], command="bash bench/wide_round.sh 570")
 # then, here, after each call: rm -rf .gpu/state && cp -r <files_at>/state .gpu/state
-# Each call picks up where the last stopped: the controller's GPU drain test (once; the round stops if
-# it fails), the W12 entry's GPU tests (once), then `specpilot round
+# Each call picks up where the last stopped: the controller's GPU drain and scorer-worker tests (once;
+# the round stops if they fail), the W12 entry's GPU tests (once), then `specpilot round
 # --deployment wide-h200` with the memory agent (Phase 0 on its first call; a round cut short
 # resumes), seal-check, refspec's CUDA tests, a hostile candidate against the carryover check
 # (bench/hostile_gpu.py) and the W12 pass timing, each when the call has time.
@@ -17,8 +17,8 @@ if [ ! -f /root/sp/home/specpilot.db ] && [ -f "$state/home.tgz" ]; then
   rm -rf /root/sp/home && tar xzf "$state/home.tgz" -C /root/sp && echo "wide_round: home restored from $state/home.tgz"
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee -a "$state/devices.txt"
-if ! grep -qs "^rc=0" "$state/drain.log"; then  # the controller's GPU drain on this device first: a broken drain spoils every verdict
-  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_drain.py > "$state/drain.log" 2>&1
+if ! grep -qs "^rc=0" "$state/drain.log"; then  # the controller's GPU drain and scorer on this device first: either broken spoils every verdict
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_drain.py tests/gpu/test_scorer_worker_gpu.py > "$state/drain.log" 2>&1
   echo "rc=$?" >> "$state/drain.log"; grep -v '^$' "$state/drain.log" | tail -25
   if ! grep -q "^rc=0" "$state/drain.log"; then
     rm -rf "$OUT/state" && cp -r "$state" "$OUT/state"

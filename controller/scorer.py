@@ -1,7 +1,7 @@
 """The token-forcing scorer: the stock target from the pristine stock tree, in FP32.
 
-For SGLang deployments the scorer is a stock SGLang server (`sglang_scorer.py`); `scorer_for`
-picks by engine.
+For SGLang deployments the scorer is a stock SGLang server (`sglang_scorer.py`); on a refspec GPU
+deployment, this model in a worker process on the GPU (`scorer_worker.py`); `scorer_for` picks.
 
 It is loaded from the stock tree shipped with SpecPilot (never from a candidate's tree), weights
 and LM head in float32, and run teacher-forced over prompt + a system's output: row t predicts
@@ -21,6 +21,7 @@ from specpilot.deployments import Deployment, Home, SpecPilotError
 from specpilot.deployments.stock import import_refspec
 
 from .forcing import ScoredOutput
+from .scorer_worker import WorkerScorer, serve
 
 CHUNK = 512  # rows per forward pass (bounds the [rows, context] attention buffers)
 
@@ -36,14 +37,10 @@ def _stock_model(model: str, cache_dir: str, device: str):
 
 
 class RefspecScorer:
-    """Scores outputs with refspec's stock model in float32 on the CPU (or a given device)."""
+    """Scores outputs with refspec's stock model `model` in float32, in this process on `device`."""
 
-    def __init__(self, dep: Deployment, home: Home, device: str = "cpu"):
-        if dep.engine != "refspec":
-            raise SpecPilotError(
-                f"deployment {dep.name!r}: the refspec scorer cannot score engine {dep.engine!r}"
-            )
-        self.model = _stock_model(dep.target.model, str(home.cache), device)
+    def __init__(self, model: str, cache: Path, device: str = "cpu"):
+        self.model = _stock_model(model, str(cache), device)
 
     def __enter__(self) -> RefspecScorer:
         return self
@@ -102,9 +99,13 @@ class Scorer(Protocol):
 
 
 def scorer_for(dep: Deployment, home: Home) -> Scorer:
-    """The deployment's token-forcing scorer: refspec's model in-process, or a stock SGLang server."""
+    """The deployment's token-forcing scorer: refspec's model in this process on the CPU (a CPU
+    deployment) or in a worker process on its first GPU slot (`scorer_worker.py`), or a stock SGLang
+    server."""
     if dep.engine == "refspec":
-        return RefspecScorer(dep, home)
+        if dep.devices.slots[0].startswith("cuda"):
+            return WorkerScorer(dep, home)
+        return RefspecScorer(dep.target.model, home.cache)
     if dep.engine == "sglang":
         from .sglang_scorer import SglangScorer
 
@@ -112,3 +113,9 @@ def scorer_for(dep: Deployment, home: Home) -> Scorer:
     raise SpecPilotError(
         f"deployment {dep.name!r}: no token-forcing scorer for engine {dep.engine!r} in this version"
     )
+
+
+if __name__ == "__main__":  # a GPU deployment's worker (scorer_worker.WorkerScorer starts it)
+    import sys
+
+    sys.exit(serve(sys.argv[1:], RefspecScorer))

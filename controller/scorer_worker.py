@@ -1,0 +1,171 @@
+"""refspec's token-forcing scorer in a process of its own, on the deployment's GPU slot.
+
+On a GPU deployment the FP32 scorer would otherwise run on the controller's CPU: on wide-h200
+(a 27B-shaped target, ~17 GB in FP32) an audit took 65-177 s, most of it drawing the weights once
+per controller process and forcing ~1,500 positions on the CPU. A worker process holds the slot's lease, loads the pristine
+stock model in FP32 on the slot's GPU (TF32 off: the scorer's sums are FP32 throughout) and
+answers one JSON line per question on stdin; close() ends it, so no CUDA context of the
+controller's stays on a slot that later blocks measure.
+
+The worker is `python -m specpilot.controller.scorer` (scorer.py's refspec model, served by
+`serve` here). Protocol, one JSON object per line each way (the worker's own prints go to stderr):
+  worker → {"ready": true, "device": ...} once loaded, or {"error": ...}
+  → {"op": "score", "prompt": [...], "output": [...]}       ← {"argmax": [...], "margins": [...]}
+  → {"op": "gap", "prompt", "prefix", "a", "b"}            ← {"gap": float}
+  any failure ← {"error": "..."}; end of stdin ends the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack, suppress
+from pathlib import Path
+from typing import Any
+
+from specpilot.deployments import Deployment, Home, SpecPilotError
+
+from .forcing import ScoredOutput
+from .slots import Slot, lease
+
+READY_TIMEOUT_S = 900.0  # loading (drawing a synthetic target's weights included)
+
+
+class WorkerScorer:
+    """The Scorer protocol, answered by a worker process on `slot` (leased while the worker runs)."""
+
+    def __init__(self, dep: Deployment, home: Home, slot: Slot | None = None):
+        self.dep, self.home = dep, home
+        self.slot = slot or Slot.parse(dep.devices.slots[0])
+        self._stack: ExitStack | None = None
+        self._proc: subprocess.Popen | None = None
+        self.log_path = (
+            home.runs / "scorer" / f"{dep.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        )
+
+    def __enter__(self) -> WorkerScorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+        self._stack, self._proc = None, None
+
+    def _worker(self) -> subprocess.Popen:
+        if self._proc is not None:
+            return self._proc
+        stack = ExitStack()
+        try:
+            stack.enter_context(lease(self.home, [self.slot]))
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-m", "specpilot.controller.scorer", "--model", self.dep.target.model,
+                   "--cache", str(self.home.cache), "--device", self.slot.device_arg()]  # fmt: skip
+            with open(self.log_path, "ab") as log:  # the worker's stderr; it keeps its own copy
+                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                        env=os.environ | self.slot.env(), text=True, bufsize=1)  # fmt: skip
+            stack.callback(_stop, proc)
+            self._proc = proc
+            ready = self._answer({"op": "ready"}, READY_TIMEOUT_S, send=False)
+        except BaseException:
+            stack.close()
+            self._proc = None
+            raise
+        self._stack = stack
+        if not ready.get("ready"):
+            self.close()
+            raise SpecPilotError(
+                f"the token-forcing scorer on {self.slot} answered {ready} before it was ready"
+            )
+        return proc
+
+    def _answer(self, question: dict, timeout_s: float = READY_TIMEOUT_S, send: bool = True) -> dict:
+        proc = self._proc or self._worker()
+        try:
+            if send:
+                proc.stdin.write(json.dumps(question) + "\n")
+                proc.stdin.flush()
+            line = proc.stdout.readline()
+        except OSError as e:
+            line = f'{{"error": "{type(e).__name__}: {e}"}}'
+        try:
+            got = json.loads(line) if line else {"error": f"the worker exited (rc {proc.poll()})"}
+        except ValueError:
+            got = {"error": f"unreadable answer {line[:200]!r}"}
+        if "error" in got:
+            tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+            raise SpecPilotError(f"the token-forcing scorer on {self.slot} failed: {got['error']} "
+                                 f"(log {self.log_path}):\n{tail}")  # fmt: skip
+        return got
+
+    def score(self, rid: str, prompt: Sequence[int], output: Sequence[int]) -> ScoredOutput:
+        """The scorer's argmax and the margin log p(argmax) − log p(token) at every output position."""
+        if not output:
+            return ScoredOutput(rid, [], [], [])
+        got = self._answer({"op": "score", "prompt": list(prompt), "output": list(output)})
+        return ScoredOutput(rid, list(output), got["argmax"], got["margins"])
+
+    def logprob_gap(self, prompt: Sequence[int], prefix: Sequence[int], a: int, b: int) -> float:
+        """|log p(a) − log p(b)| at the position after prompt + prefix (a first-divergence margin)."""
+        return float(
+            self._answer({"op": "gap", "prompt": list(prompt), "prefix": list(prefix), "a": a, "b": b})["gap"]
+        )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End of stdin ends the worker; one that does not leave in 30 s is killed."""
+    with suppress(OSError):
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def serve(argv: list[str], load: Callable[[str, Path, str], Any]) -> int:
+    """The worker's side (`python -m specpilot.controller.scorer ...`): `load(model, cache, device)`
+    makes the scorer, and each question on stdin gets its answer."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--cache", required=True)
+    ap.add_argument("--device", required=True)
+    args = ap.parse_args(argv)
+    out = os.fdopen(os.dup(1), "w", buffering=1)  # the protocol's own stdout; prints go to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def say(obj: dict) -> None:
+        out.write(json.dumps(obj) + "\n")
+
+    try:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        scorer = load(args.model, Path(args.cache), args.device)
+    except Exception as e:  # noqa: BLE001 - every load failure is the parent's one clear error
+        say({"error": f"loading {args.model} on {args.device}: {type(e).__name__}: {e}"})
+        return 1
+    say({"ready": True, "device": args.device})
+    for line in sys.stdin:
+        try:
+            q = json.loads(line)
+            if q["op"] == "score":
+                s = scorer.score("", q["prompt"], q["output"])
+                say({"argmax": s.argmax, "margins": s.margins})
+            elif q["op"] == "gap":
+                say({"gap": scorer.logprob_gap(q["prompt"], q["prefix"], int(q["a"]), int(q["b"]))})
+            else:
+                say({"error": f"unknown op {q['op']!r}"})
+        except Exception as e:  # noqa: BLE001 - answered, and the parent raises it
+            say({"error": f"{type(e).__name__}: {e}"})
+    return 0

@@ -1,0 +1,68 @@
+"""The token-forcing scorer in a worker process (controller/scorer_worker.py), as a GPU deployment's
+audit and Phase 0 run it, here on a CPU slot: it answers as the in-process scorer does, holds its
+slot's lease for exactly its life, and a worker that cannot load fails with one clear error.
+
+Real SmolLM2 weights and tokenizer, a real subprocess and real slot leases; no timing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specpilot.controller.scorer import RefspecScorer
+from specpilot.controller.scorer_worker import WorkerScorer
+from specpilot.controller.slots import Slot, lease
+from specpilot.deployments import Home, SpecPilotError, load_deployment
+from specpilot.deployments.workloads import load_chat_template, target_folder
+
+
+@pytest.fixture
+def smollm(home):
+    h = Home.resolve(home)
+    dep = load_deployment("smollm-cpu", h)
+    tok = load_chat_template(target_folder(dep, h)).tokenizer
+    prompt = tok.encode('def fib(n):\n    """The n-th Fibonacci number."""\n', add_special_tokens=False).ids
+    output = tok.encode(
+        "    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n", add_special_tokens=False
+    ).ids
+    return h, dep, prompt, output
+
+
+def test_the_worker_answers_as_the_scorer_in_process_does(smollm):
+    h, dep, prompt, output = smollm
+    here = RefspecScorer(dep.target.model, h.cache)
+    want = here.score("r0", prompt, output)
+    assert any(m > 0 for m in want.margins) and any(m == 0 for m in want.margins)  # both kinds of position
+    with WorkerScorer(dep, h, Slot("cpu", 0)) as worker:
+        got = worker.score("r0", prompt, output)
+        gap = worker.logprob_gap(prompt, output[:3], output[3], want.argmax[3])
+        assert worker.score("r1", prompt, []).argmax == []
+    assert (got.id, got.tokens, got.argmax) == ("r0", output, want.argmax)
+    assert got.margins == pytest.approx(want.margins, abs=1e-4)
+    assert gap == pytest.approx(here.logprob_gap(prompt, output[:3], output[3], want.argmax[3]), abs=1e-4)
+
+
+def test_the_worker_holds_its_slot_for_its_life_and_leaves_with_close(smollm):
+    h, dep, prompt, output = smollm
+    slot = Slot("cpu", 0)
+    worker = WorkerScorer(dep, h, slot)
+    with lease(h, [slot], timeout_s=5):  # nothing taken before the first question
+        pass
+    worker.score("r0", prompt, output[:4])
+    proc = worker._proc
+    with pytest.raises(SpecPilotError, match="stayed leased"), lease(h, [slot], timeout_s=0.3):
+        pass
+    worker.close()
+    assert proc.poll() == 0  # it left on end of stdin
+    with lease(h, [slot], timeout_s=5):
+        pass
+
+
+def test_a_worker_that_cannot_load_fails_once_clearly_and_frees_its_slot(smollm):
+    h, dep, prompt, output = smollm
+    bad = dep.model_copy(update={"target": dep.target.model_copy(update={"model": "no-such-model"})})
+    slot = Slot("cpu", 0)
+    with pytest.raises(SpecPilotError, match=r"scorer on cpu:0 failed: loading no-such-model on cpu:0"):
+        WorkerScorer(bad, h, slot).score("r0", prompt, output)
+    with lease(h, [slot], timeout_s=5):
+        pass
