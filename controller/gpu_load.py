@@ -18,6 +18,10 @@ A GPU cannot be frozen as a process can: kernels a system queued before it was f
 when the GPU passes to another system, the controller waits until the GPU is idle (`drain`, from
 NVML's utilization samples) and the next turn starts only then. Kernels seen running after a
 system's last answer are named: work outside its timed turn (checks.queued_past_answer).
+
+A GPU slot is refused when it is leased while another process computes on it (`refuse_strangers`):
+a server left behind by a killed run served on through every later block of a round on the lent
+H100 (2026-12-07), each block then set aside as disturbed after it had run.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from specpilot.deployments import SpecPilotError
 
@@ -37,6 +42,7 @@ SAMPLE_S = 0.1  # NVML queries go through the driver: sample gently while a syst
 POWER_CAP = "software power cap"
 SETTLE_S, SETTLE_POLL_S = 1.0, 0.005  # the longest wait for a throttle to clear before a turn, and its poll
 DRAIN_S, DRAIN_POLL_S = 5.0, 0.01  # the longest wait for the GPU to be idle after a turn, and its poll
+STRANGER_GRACE_S = 5.0  # how long a process found on a newly leased GPU may take to leave
 
 
 @dataclass
@@ -164,6 +170,39 @@ class GpuWatch:
         if self._thread is not None:
             self._thread.join(timeout=5)
         return self.report
+
+
+def refuse_strangers(slot, grace_s: float = STRANGER_GRACE_S) -> None:
+    """Refuse a newly leased GPU slot that another process computes on (waiting `grace_s` for one
+    that is leaving): it would be in every turn of every block, and each would be set aside as
+    disturbed only after it ran. Only this process may hold a context there (nothing of the run
+    has started yet)."""
+    watch = watch_for(slot)
+    if watch is None:
+        return
+    n, end = watch.nvml, time.perf_counter() + grace_s
+    while True:
+        procs = [p for p in n.nvmlDeviceGetComputeRunningProcesses(watch.handle) if p.pid != os.getpid()]
+        if not procs or time.perf_counter() >= end:
+            break
+        time.sleep(0.1)
+    if procs:
+        who = "; ".join(
+            f"pid {p.pid} ({_cmdline(p.pid)}, {(p.usedGpuMemory or 0) / 2**30:.1f} GiB)" for p in procs
+        )
+        raise SpecPilotError(
+            f"{slot} is in use by another process: {who}. Work beside a judged system disturbs every turn; "
+            f"stop it (kill {' '.join(str(p.pid) for p in procs)}) or wait for it, then run again"
+        )
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "not in this PID namespace"
+    text = " ".join(a.decode(errors="replace") for a in args if a)
+    return text[:120] or "no command line"
 
 
 def watch_for(slot) -> GpuWatch | None:

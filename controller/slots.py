@@ -16,6 +16,8 @@ from pathlib import Path
 
 from specpilot.deployments import SLOT_RE, Home, SpecPilotError
 
+from .gpu_load import refuse_strangers
+
 
 @dataclass(frozen=True, order=True)
 class Slot:
@@ -67,7 +69,8 @@ class Slot:
 
 @contextmanager
 def lease(home: Home, slots: Sequence[Slot], timeout_s: float = 3600.0) -> Iterator[list[Slot]]:
-    """Hold exclusive leases on `slots` (taken in sorted order, so two leaseholders never deadlock)."""
+    """Hold exclusive leases on `slots` (taken in sorted order, so two leaseholders never deadlock);
+    a GPU slot another process computes on is refused (gpu_load.refuse_strangers)."""
     locks = home.root / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
@@ -90,6 +93,9 @@ def lease(home: Home, slots: Sequence[Slot], timeout_s: float = 3600.0) -> Itera
             fh.write(f"{os.getpid()}\n")
             fh.flush()
             stack.callback(fcntl.flock, fh, fcntl.LOCK_UN)
+        for slot in slots:
+            if slot.kind == "cuda":
+                refuse_strangers(slot)
         yield list(slots)
 
 

@@ -56,3 +56,31 @@ def test_drain_sees_work_queued_past_the_answer_and_waits_it_out(spin_s):
         assert after >= 0.8 * spin_s and done - answer >= spin_s, why
     else:
         assert after == 0.0, why
+
+
+def test_a_gpu_slot_another_process_computes_on_is_refused_at_its_lease(home):
+    """A process holding a context on the GPU (a server a killed run left behind) is named when the
+    slot is leased; once it has gone, the lease is granted."""
+    from specpilot.controller.slots import Slot, lease
+    from specpilot.deployments import Home, SpecPilotError
+
+    h, slot = Home.resolve(home), Slot("cuda", torch.cuda.current_device())
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import torch, time; torch.ones(1, device='cuda'); print(1, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child.stdout.readline()
+        named = rf"{slot} is in use by another process: pid {child.pid} \(.*-c import torch"
+        with pytest.raises(SpecPilotError, match=named), lease(h, [slot], timeout_s=5):
+            pass
+    finally:
+        child.kill()
+        child.wait()
+    with lease(h, [slot], timeout_s=5):  # gone within the grace a leaving process has
+        pass
