@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ from .forcing import ScoredOutput
 from .slots import Slot, lease
 
 READY_TIMEOUT_S = 900.0  # loading (drawing a synthetic target's weights included)
+ANSWER_TIMEOUT_S = 600.0  # one request forced (a long prompt on the CPU)
 
 
 class WorkerScorer:
@@ -72,7 +74,7 @@ class WorkerScorer:
                                         env=os.environ | self.slot.env(), text=True, bufsize=1)  # fmt: skip
             stack.callback(_stop, proc)
             self._proc = proc
-            ready = self._answer({"op": "ready"}, READY_TIMEOUT_S, send=False)
+            ready = self._answer(None, READY_TIMEOUT_S)
         except BaseException:
             stack.close()
             self._proc = None
@@ -85,19 +87,24 @@ class WorkerScorer:
             )
         return proc
 
-    def _answer(self, question: dict, timeout_s: float = READY_TIMEOUT_S, send: bool = True) -> dict:
+    def _answer(self, question: dict | None, timeout_s: float = ANSWER_TIMEOUT_S) -> dict:
+        """The worker's answer to `question` (None: its ready line), within `timeout_s`."""
         proc = self._proc or self._worker()
+        line = ""
         try:
-            if send:
+            if question is not None:
                 proc.stdin.write(json.dumps(question) + "\n")
                 proc.stdin.flush()
-            line = proc.stdout.readline()
+            if select.select([proc.stdout], [], [], timeout_s)[0]:
+                line = proc.stdout.readline()
+                got = json.loads(line) if line else {"error": f"the worker exited (rc {proc.poll()})"}
+            else:
+                proc.kill()
+                got = {"error": f"no answer in {timeout_s:.0f} s; the worker was stopped"}
         except OSError as e:
-            line = f'{{"error": "{type(e).__name__}: {e}"}}'
-        try:
-            got = json.loads(line) if line else {"error": f"the worker exited (rc {proc.poll()})"}
+            got = {"error": f"{type(e).__name__}: {e}"}
         except ValueError:
-            got = {"error": f"unreadable answer {line[:200]!r}"}
+            got = {"error": f"an unreadable answer {line[:200]!r}"}
         if "error" in got:
             tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
             raise SpecPilotError(f"the token-forcing scorer on {self.slot} failed: {got['error']} "

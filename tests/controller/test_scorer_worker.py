@@ -66,3 +66,18 @@ def test_a_worker_that_cannot_load_fails_once_clearly_and_frees_its_slot(smollm)
         WorkerScorer(bad, h, slot).score("r0", prompt, output)
     with lease(h, [slot], timeout_s=5):
         pass
+
+
+def test_a_worker_that_does_not_answer_in_time_is_stopped_and_named(smollm):
+    h, dep, prompt, output = smollm
+    slot = Slot("cpu", 0)
+    with WorkerScorer(dep, h, slot) as worker:
+        worker.score("r0", prompt, output[:2])  # loaded
+        proc = worker._proc
+        with pytest.raises(
+            SpecPilotError, match=r"scorer on cpu:0 failed: no answer in 0 s; the worker was stopped"
+        ):
+            worker._answer({"op": "score", "prompt": prompt * 8, "output": output}, timeout_s=0.001)
+        assert proc.wait(timeout=10) != 0
+    with lease(h, [slot], timeout_s=5):
+        pass
