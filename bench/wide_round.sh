@@ -18,7 +18,7 @@ if [ ! -f /root/sp/home/specpilot.db ] && [ -f "$state/home.tgz" ]; then
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee -a "$state/devices.txt"
 if ! grep -qs "^rc=0" "$state/drain.log"; then  # the controller's GPU drain and scorer on this device first: either broken spoils every verdict
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_drain.py tests/gpu/test_scorer_worker_gpu.py > "$state/drain.log" 2>&1
+  timeout 180 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_drain.py tests/gpu/test_scorer_worker_gpu.py > "$state/drain.log" 2>&1
   echo "rc=$?" >> "$state/drain.log"; grep -v '^$' "$state/drain.log" | tail -25
   if ! grep -q "^rc=0" "$state/drain.log"; then
     rm -rf "$OUT/state" && cp -r "$state" "$OUT/state"

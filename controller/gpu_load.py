@@ -19,7 +19,8 @@ when the GPU passes to another system, the controller waits until the GPU is idl
 NVML's utilization samples) and the next turn starts only then. Kernels seen running after a
 system's last answer are named: work outside its timed turn (checks.queued_past_answer).
 
-A GPU slot is refused when it is leased while another process computes on it (`refuse_strangers`):
+A GPU slot is refused when it is leased for timed turns while another process computes on it
+(`refuse_strangers`):
 a server left behind by a killed run served on through every later block of a round on the lent
 H100 (2026-12-07), each block then set aside as disturbed after it had run.
 """
@@ -42,7 +43,8 @@ SAMPLE_S = 0.1  # NVML queries go through the driver: sample gently while a syst
 POWER_CAP = "software power cap"
 SETTLE_S, SETTLE_POLL_S = 1.0, 0.005  # the longest wait for a throttle to clear before a turn, and its poll
 DRAIN_S, DRAIN_POLL_S = 5.0, 0.01  # the longest wait for the GPU to be idle after a turn, and its poll
-STRANGER_GRACE_S = 5.0  # how long a process found on a newly leased GPU may take to leave
+STRANGER_GRACE_S = 30.0  # how long a process found on a newly leased GPU may take to leave (a stopped
+# system's children and a large context go after its leader)
 
 
 @dataclass
@@ -182,7 +184,10 @@ def refuse_strangers(slot, grace_s: float = STRANGER_GRACE_S) -> None:
         return
     n, end = watch.nvml, time.perf_counter() + grace_s
     while True:
-        procs = [p for p in n.nvmlDeviceGetComputeRunningProcesses(watch.handle) if p.pid != os.getpid()]
+        try:
+            procs = [p for p in n.nvmlDeviceGetComputeRunningProcesses(watch.handle) if p.pid != os.getpid()]
+        except n.NVMLError:  # no process list here: the turns' own watch reports what it can
+            return
         if not procs or time.perf_counter() >= end:
             break
         time.sleep(0.1)

@@ -73,7 +73,7 @@ def run_phase0(
     raw = home.runs / f"{run_id}"
     progress("stock and AR on every request")
     try:
-        with lease(home, slots_of(dep)) as slots:
+        with lease(home, slots_of(dep), timed=True) as slots:
             if len(slots) >= 2:  # side by side; on one slot, taking turns
                 where, schedule = {"stock": slots[0], "ar": slots[1]}, [{"stock": reqs, "ar": reqs}]
             else:

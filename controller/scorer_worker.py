@@ -67,11 +67,12 @@ class WorkerScorer:
         try:
             stack.enter_context(lease(self.home, [self.slot]))
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "specpilot.controller.scorer", "--model", self.dep.target.model,
+            # -P and cwd: the worker imports nothing from where the controller was started
+            cmd = [sys.executable, "-P", "-m", "specpilot.controller.scorer", "--model", self.dep.target.model,
                    "--cache", str(self.home.cache), "--device", self.slot.device_arg()]  # fmt: skip
             with open(self.log_path, "ab") as log:  # the worker's stderr; it keeps its own copy
                 proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                        env=os.environ | self.slot.env(), text=True, bufsize=1)  # fmt: skip
+                                        env=os.environ | self.slot.env(), cwd=self.home.root, text=True, bufsize=1)  # fmt: skip
             stack.callback(_stop, proc)
             self._proc = proc
             ready = self._answer(None, READY_TIMEOUT_S)
@@ -105,6 +106,8 @@ class WorkerScorer:
             got = {"error": f"{type(e).__name__}: {e}"}
         except ValueError:
             got = {"error": f"an unreadable answer {line[:200]!r}"}
+        if not isinstance(got, dict):
+            got = {"error": f"an answer that is not an object: {line[:200]!r}"}
         if "error" in got:
             tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
             raise SpecPilotError(f"the token-forcing scorer on {self.slot} failed: {got['error']} "

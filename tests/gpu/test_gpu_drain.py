@@ -60,7 +60,8 @@ def test_drain_sees_work_queued_past_the_answer_and_waits_it_out(spin_s):
 
 def test_a_gpu_slot_another_process_computes_on_is_refused_at_its_lease(home):
     """A process holding a context on the GPU (a server a killed run left behind) is named when the
-    slot is leased; once it has gone, the lease is granted."""
+    slot is leased for timed turns (after the grace a leaving process has); an untimed lease shares
+    the GPU; once the process has gone, the timed lease is granted."""
     from specpilot.controller.slots import Slot, lease
     from specpilot.deployments import Home, SpecPilotError
 
@@ -77,10 +78,12 @@ def test_a_gpu_slot_another_process_computes_on_is_refused_at_its_lease(home):
     try:
         child.stdout.readline()
         named = rf"{slot} is in use by another process: pid {child.pid} \(.*-c import torch"
-        with pytest.raises(SpecPilotError, match=named), lease(h, [slot], timeout_s=5):
+        with pytest.raises(SpecPilotError, match=named), lease(h, [slot], timeout_s=5, timed=True):
+            pass
+        with lease(h, [slot], timeout_s=5):  # untimed: an audit's scorer, an agent's tools
             pass
     finally:
         child.kill()
         child.wait()
-    with lease(h, [slot], timeout_s=5):  # gone within the grace a leaving process has
+    with lease(h, [slot], timeout_s=5, timed=True):
         pass

@@ -40,6 +40,9 @@ def test_the_worker_on_a_gpu_scores_as_the_cpu_does(home, tmp_path):
     assert isinstance(scorer, WorkerScorer)
     with scorer:
         gpu = scorer.score("r0", prompt, output)
+        gap = scorer.logprob_gap(prompt, output[:5], output[5], cpu.argmax[5])
+        worker = scorer._proc
+    assert worker.poll() is not None  # gone with close(), its context with it
     assert len(gpu.argmax) == len(output) == len(gpu.margins)
     # FP32 on both, summed in other orders: the argmax agrees wherever it is not a near tie.
     lp_cpu = RefspecScorer(str(folder), h.cache).logprobs(prompt, output)
@@ -50,3 +53,7 @@ def test_the_worker_on_a_gpu_scores_as_the_cpu_does(home, tmp_path):
         a for a, c in zip(cpu.argmax, clear, strict=True) if c
     ]
     assert gpu.margins == pytest.approx(cpu.margins, abs=1e-3)
+    assert gap == pytest.approx(
+        RefspecScorer(str(folder), h.cache).logprob_gap(prompt, output[:5], output[5], cpu.argmax[5]),
+        abs=1e-3,
+    )
