@@ -106,7 +106,8 @@ def _blocks(dep: Deployment, home: Home, db, kind: str, baseline: SystemTree, ca
     check = _tree_check(workspace(home, dep).repo_dir, [baseline, candidate])
     t0, run = time.monotonic(), None
     try:
-        with lease(home, slots_of(dep), timed=True) as slots:
+        # a judged run refuses a GPU another process computes on; an agent's quick look shares it
+        with lease(home, slots_of(dep), timed=kind != "quick") as slots:
             while True:
                 run = paired_run(adapter_for(dep, home), baseline, candidate, slots, reqs, rounds=1,
                                  warmup=dep.controller.warmup_requests, raw=raw, design=dep.design,

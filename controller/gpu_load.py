@@ -19,10 +19,9 @@ when the GPU passes to another system, the controller waits until the GPU is idl
 NVML's utilization samples) and the next turn starts only then. Kernels seen running after a
 system's last answer are named: work outside its timed turn (checks.queued_past_answer).
 
-A GPU slot is refused when it is leased for timed turns while another process computes on it
-(`refuse_strangers`):
-a server left behind by a killed run served on through every later block of a round on the lent
-H100 (2026-12-07), each block then set aside as disturbed after it had run.
+A GPU slot is refused when it is leased for judged turns while another process computes on it
+(`refuse_strangers`): a server left behind by a killed run served on through every later block
+of a round on the lent H100 (2026-12-07), each block set aside as disturbed only after it ran.
 """
 
 from __future__ import annotations

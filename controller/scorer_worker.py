@@ -1,11 +1,11 @@
 """refspec's token-forcing scorer in a process of its own, on the deployment's GPU slot.
 
 On a GPU deployment the FP32 scorer would otherwise run on the controller's CPU: on wide-h200
-(a 27B-shaped target, ~17 GB in FP32) an audit took 65-177 s, most of it drawing the weights once
-per controller process and forcing ~1,500 positions on the CPU. A worker process holds the slot's lease, loads the pristine
-stock model in FP32 on the slot's GPU (TF32 off: the scorer's sums are FP32 throughout) and
-answers one JSON line per question on stdin; close() ends it, so no CUDA context of the
-controller's stays on a slot that later blocks measure.
+(a 27B-shaped target, ~17 GB in FP32) an audit took 65-177 s, most of it drawing the weights
+once per controller process and forcing ~1,500 positions on the CPU. A worker process holds the
+slot's lease, loads the pristine stock model in FP32 on the slot's GPU (TF32 off: the scorer's
+sums are FP32 throughout) and answers one JSON line per question on stdin; close() ends it, so
+no CUDA context of the controller's stays on a slot that later blocks measure.
 
 The worker is `python -m specpilot.controller.scorer` (scorer.py's refspec model, served by
 `serve` here). Protocol, one JSON object per line each way (the worker's own prints go to stderr):

@@ -72,9 +72,10 @@ def lease(
     home: Home, slots: Sequence[Slot], timeout_s: float = 3600.0, timed: bool = False
 ) -> Iterator[list[Slot]]:
     """Hold exclusive leases on `slots` (taken in sorted order, so two leaseholders never deadlock).
-    `timed`: the lease is for timed turns (Phase 0's, a comparison's blocks), so a GPU slot another
-    process computes on is refused (gpu_load.refuse_strangers); untimed work (an audit's scorer, a
-    profile, an agent's tools beside a sibling agent's GPU work) shares the GPU as it may."""
+    `timed`: the lease is for judged timed turns (Phase 0's, the noise run's and a comparison's
+    blocks), so a GPU slot another process computes on is refused (gpu_load.refuse_strangers);
+    other work (an audit's scorer, a profile, an agent's tools beside a sibling agent's GPU work)
+    shares the GPU as it may."""
     locks = home.root / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
