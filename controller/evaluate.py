@@ -122,6 +122,9 @@ def _blocks(dep: Deployment, home: Home, db, kind: str, baseline: SystemTree, ca
     except (SystemFailed, _Tampered) as e:
         records.fail_run(db, run_id, f"{e}\n{getattr(e, 'log_tail', '')}")
         raise _Failed(run_id, e) from None
+    except SpecPilotError as e:  # refused (a GPU another process computes on): no run stays `running`
+        records.fail_run(db, run_id, str(e))
+        raise
     return run_id, raw, run
 
 

@@ -84,6 +84,9 @@ def run_phase0(
     except SystemFailed as e:
         records.fail_run(db, run_id, f"{e}\n{e.log_tail}")
         raise SpecPilotError(f"Phase 0 failed: {e} (logs in {raw})") from None
+    except SpecPilotError as e:  # refused before it ran (a GPU another process computes on)
+        records.fail_run(db, run_id, str(e))
+        raise
     # A batch deployment's groups: stock over AR at each batch size, then scored request by request.
     by_batch = {str(g.batch): period.results["stock"][g.id].speed / period.results["ar"][g.id].speed
                 for g in reqs if isinstance(g, Group)}  # fmt: skip
