@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 41's round on the lent GPU, across as many device calls as it takes (each ≤ 10 minutes):
 #   run(carry=[".gpu/whl", ".gpu/data", ".gpu/wide", ".gpu/state"], command="bash bench/wide_round.sh 570")
-# then, here, after each call: rm -rf .gpu/state && cp -r <files_at>/state .gpu/state
+# then, here, after each call: rm -rf .gpu/state && mkdir .gpu/state && tar xzf <files_at>/state.tgz -C .gpu/state
+# (the state goes back as one file: the device tool returns ~8 files a call)
 # Each call picks up where the last stopped: the controller's GPU drain and scorer-worker tests (once;
 # the round stops if they fail), the W12 entry's GPU tests (once), then `specpilot round
 # --deployment wide-h200` with the memory agent (Phase 0 on its first call; a round cut short
@@ -21,8 +22,8 @@ if ! grep -qs "^rc=0" "$state/drain.log"; then  # the controller's GPU drain and
   timeout 180 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_drain.py tests/gpu/test_scorer_worker_gpu.py > "$state/drain.log" 2>&1
   echo "rc=$?" >> "$state/drain.log"; grep -v '^$' "$state/drain.log" | tail -25
   if ! grep -q "^rc=0" "$state/drain.log"; then
-    rm -rf "$OUT/state" && cp -r "$state" "$OUT/state"
-    echo "wide_round: the GPU drain test failed (state/drain.log); the round is not started"; exit 1
+    tar czf "$OUT/state.tgz" -C "$state" .
+    echo "wide_round: the GPU drain or scorer-worker test failed (state/drain.log); the round is not started"; exit 1
   fi
 fi
 if [ ! -f "$state/tests.log" ] && [ "$(left)" -gt 400 ]; then  # once, passed or not: the round goes on
@@ -56,5 +57,5 @@ if [ -f "$state/round_done" ] && [ ! -f "$state/w12_pass.json" ] && [ "$(left)" 
     --json "$state/w12_pass.json" 2>&1 | tail -20
 fi
 tar czf "$state/home.tgz" -C /root/sp home
-rm -rf "$OUT/state" && cp -r "$state" "$OUT/state"
+tar czf "$OUT/state.tgz" -C "$state" .
 echo "wide_round: $(left) s left of the call; state: $(ls "$state" | tr '\n' ' ')"
