@@ -5,7 +5,8 @@ On a GPU deployment the FP32 scorer would otherwise run on the controller's CPU:
 once per controller process and forcing ~1,500 positions on the CPU. A worker process holds the
 slot's lease, loads the pristine stock model in FP32 on the slot's GPU (TF32 off: the scorer's
 sums are FP32 throughout) and answers one JSON line per question on stdin; close() ends it, so
-no CUDA context of the controller's stays on a slot that later blocks measure.
+no CUDA context of the controller's stays on a slot that later blocks measure, and a controller
+killed mid-audit takes it along (its death signal).
 
 The worker is `python -m specpilot.controller.scorer` (scorer.py's refspec model, served by
 `serve` here). Protocol, one JSON object per line each way (the worker's own prints go to stderr):
@@ -17,9 +18,11 @@ The worker is `python -m specpilot.controller.scorer` (scorer.py's refspec model
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +38,7 @@ from .slots import Slot, lease
 
 READY_TIMEOUT_S = 900.0  # loading (drawing a synthetic target's weights included)
 ANSWER_TIMEOUT_S = 600.0  # one request forced (a long prompt on the CPU)
+PR_SET_PDEATHSIG = 1
 
 
 class WorkerScorer:
@@ -69,7 +73,8 @@ class WorkerScorer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             # -P and cwd: the worker imports nothing from where the controller was started
             cmd = [sys.executable, "-P", "-m", "specpilot.controller.scorer", "--model", self.dep.target.model,
-                   "--cache", str(self.home.cache), "--device", self.slot.device_arg()]  # fmt: skip
+                   "--cache", str(self.home.cache), "--device", self.slot.device_arg(),
+                   "--parent", str(os.getpid())]  # fmt: skip
             with open(self.log_path, "ab") as log:  # the worker's stderr; it keeps its own copy
                 proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                         env=os.environ | self.slot.env(), cwd=self.home.root, text=True, bufsize=1)  # fmt: skip
@@ -139,6 +144,15 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def _die_with(parent: int) -> None:
+    """SIGKILL this worker when the thread that started it ends (a controller killed mid-audit), so
+    its GPU memory and context go with the controller; a parent already gone ends it now."""
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def serve(argv: list[str], load: Callable[[str, Path, str], Any]) -> int:
     """The worker's side (`python -m specpilot.controller.scorer ...`): `load(model, cache, device)`
     makes the scorer, and each question on stdin gets its answer."""
@@ -148,7 +162,9 @@ def serve(argv: list[str], load: Callable[[str, Path, str], Any]) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--cache", required=True)
     ap.add_argument("--device", required=True)
+    ap.add_argument("--parent", type=int, required=True)
     args = ap.parse_args(argv)
+    _die_with(args.parent)
     out = os.fdopen(os.dup(1), "w", buffering=1)  # the protocol's own stdout; prints go to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr

@@ -81,3 +81,49 @@ def test_a_worker_that_does_not_answer_in_time_is_stopped_and_named(smollm):
         assert proc.wait(timeout=10) != 0
     with lease(h, [slot], timeout_s=5):
         pass
+
+
+CONTROLLER = r"""
+import sys
+from specpilot.controller.scorer_worker import WorkerScorer
+from specpilot.controller.slots import Slot
+from specpilot.deployments import Home, load_deployment
+h = Home.resolve(sys.argv[1])
+worker = WorkerScorer(load_deployment("smollm-cpu", h), h, Slot("cpu", 0))
+worker.score("r0", [1, 2, 3], [4, 5])
+proc = worker._proc  # a question it works on for seconds (~5 s: 3,000 positions on the CPU), unread
+proc.stdin.write('{"op": "score", "prompt": %s, "output": [6]}\n' % ([5] * 3000))
+proc.stdin.flush()
+print(proc.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_worker_dies_with_its_controller(smollm):
+    """A controller killed mid-audit (a device call's budget spent) takes its scorer along, busy
+    as it is: it does not wait to find its pipes closed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    h = smollm[0]
+    ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(h.root)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        worker = int(ctl.stdout.readline())
+        assert Path(f"/proc/{worker}").exists()
+    finally:
+        os.kill(ctl.pid, signal.SIGKILL)
+        ctl.wait()
+    deadline = time.monotonic() + 2
+    while Path(f"/proc/{worker}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state = (
+        Path(f"/proc/{worker}/stat").read_text().split(") ")[1][0]
+        if Path(f"/proc/{worker}").exists()
+        else "gone"
+    )
+    assert state in ("gone", "Z"), f"the worker {worker} outlived its controller (state {state})"
