@@ -42,6 +42,15 @@ def test_the_worker_answers_as_the_scorer_in_process_does(smollm):
     assert gap == pytest.approx(here.logprob_gap(prompt, output[:3], output[3], want.argmax[3]), abs=1e-4)
 
 
+def test_a_gpu_deployment_scores_in_a_worker_on_its_gpu_and_a_cpu_one_in_process(smollm):
+    from specpilot.controller.scorer import scorer_for
+
+    h, dep = smollm[:2]
+    gpu = scorer_for(load_deployment("wide-h200", h), h)  # nothing starts before the first question
+    assert isinstance(gpu, WorkerScorer) and str(gpu.slot) == "cuda:0" and gpu._proc is None
+    assert isinstance(scorer_for(dep, h), RefspecScorer)
+
+
 def test_the_worker_holds_its_slot_for_its_life_and_leaves_with_close(smollm):
     h, dep, prompt, output = smollm
     slot = Slot("cpu", 0)
