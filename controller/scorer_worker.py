@@ -65,8 +65,7 @@ class WorkerScorer:
         self._stack, self._proc = None, None
 
     def _worker(self) -> subprocess.Popen:
-        if self._proc is not None:
-            return self._proc
+        """Start the worker (on the first question) and wait for its ready line."""
         stack = ExitStack()
         try:
             stack.enter_context(lease(self.home, [self.slot]))

@@ -18,7 +18,7 @@ import pytest
 from specpilot.controller.cgroups import Cgroup
 from specpilot.controller.confine import FSIZE, RUN_UIDS, _expose, confine
 from specpilot.deployments import Home
-from tests.controller.confinement import needs_confinement
+from tests.controller.confinement import left_behind, needs_confinement, proc_state
 
 pytestmark = needs_confinement
 
@@ -86,17 +86,13 @@ def run_probe(home: Home, tree: Path, writable: Path, cpus: set[int] | None = No
         finally:
             launch.cleanup()
         assert proc.returncode == 0, proc.stderr
-        assert victim.poll() is None and _state(victim.pid) != "T", (
+        assert victim.poll() is None and proc_state(victim.pid) != "T", (
             "the confined system stopped a host process"
         )
         return json.loads(proc.stdout)
     finally:
         victim.kill()
         server.close()
-
-
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def test_a_confined_system_sees_nothing_and_touches_nothing(world):
@@ -185,18 +181,6 @@ def test_the_cpuset_holds_and_the_freezer_stops_everything(world):
     assert not Path(cg.procs[0]).exists()
 
 
-def _left_behind(ctl: subprocess.Popen, pids: list[int], within_s: float = 10.0) -> list[int]:
-    """Kill the controller `ctl`; the processes of `pids` still there (not zombies) `within_s` later."""
-    ctl.kill()
-    ctl.wait()
-    deadline = time.monotonic() + within_s
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [p for p in alive if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
-    return alive
-
-
 CONTROLLER = r"""
 import json, subprocess, sys, time
 from pathlib import Path
@@ -223,8 +207,8 @@ def test_a_frozen_system_dies_with_its_controller(world):
                            text=True)  # fmt: skip
     got = json.loads(ctl.stdout.readline())
     assert got["pids"] and got["launcher"] not in got["pids"], "the launcher stays outside the cgroup"
-    assert all(_state(p) in ("T", "D", "S") for p in got["pids"])
-    left = _left_behind(ctl, [*got["pids"], got["launcher"]])
+    assert all(proc_state(p) in ("T", "D", "S") for p in got["pids"])
+    left = left_behind(ctl, [*got["pids"], got["launcher"]])
     assert not left, f"left behind: {left}"
     procs = Path(got["freezer"]) / "cgroup.procs"
     assert not procs.exists() or not procs.read_text().split()
@@ -260,7 +244,7 @@ def test_without_a_cgroup_a_running_system_dies_with_its_controller(world):
                            stdout=subprocess.PIPE, text=True)  # fmt: skip
     got = json.loads(ctl.stdout.readline())
     assert len(got["pids"]) == 2, "the namespace's first process and the system"
-    left = _left_behind(ctl, [*got["pids"], got["launcher"]])
+    left = left_behind(ctl, [*got["pids"], got["launcher"]])
     assert not left, f"left behind: {left}"
 
 

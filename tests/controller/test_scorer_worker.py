@@ -7,6 +7,9 @@ Real SmolLM2 weights and tokenizer, a real subprocess and real slot leases; no t
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from specpilot.controller.scorer import RefspecScorer
@@ -14,6 +17,7 @@ from specpilot.controller.scorer_worker import WorkerScorer
 from specpilot.controller.slots import Slot, lease
 from specpilot.deployments import Home, SpecPilotError, load_deployment
 from specpilot.deployments.workloads import load_chat_template, target_folder
+from tests.controller.confinement import left_behind, proc_state
 
 
 @pytest.fixture
@@ -111,28 +115,8 @@ sys.stdin.read()
 def test_a_worker_dies_with_its_controller(smollm):
     """A controller killed mid-audit (a device call's budget spent) takes its scorer along, busy
     as it is: it does not wait to find its pipes closed."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
-    h = smollm[0]
-    ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(h.root)], stdin=subprocess.PIPE,
+    ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(smollm[0].root)], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        worker = int(ctl.stdout.readline())
-        assert Path(f"/proc/{worker}").exists()
-    finally:
-        os.kill(ctl.pid, signal.SIGKILL)
-        ctl.wait()
-    deadline = time.monotonic() + 2
-    while Path(f"/proc/{worker}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    state = (
-        Path(f"/proc/{worker}/stat").read_text().split(") ")[1][0]
-        if Path(f"/proc/{worker}").exists()
-        else "gone"
-    )
-    assert state in ("gone", "Z"), f"the worker {worker} outlived its controller (state {state})"
+    worker = int(ctl.stdout.readline())
+    left = left_behind(ctl, [worker], within_s=2)
+    assert not left, f"the worker {worker} outlived its controller (state {proc_state(worker)})"

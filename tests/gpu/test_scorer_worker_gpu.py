@@ -35,7 +35,8 @@ def test_the_worker_on_a_gpu_scores_as_the_cpu_does(home, tmp_path):
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, 4096, (700,), generator=g).tolist()  # past one 512-row chunk
     output = torch.randint(3, 4096, (64,), generator=g).tolist()
-    cpu = RefspecScorer(str(folder), h.cache).score("r0", prompt, output)
+    here = RefspecScorer(str(folder), h.cache)
+    cpu = here.score("r0", prompt, output)
     scorer = scorer_for(dep, h)
     assert isinstance(scorer, WorkerScorer)
     with scorer:
@@ -45,7 +46,7 @@ def test_the_worker_on_a_gpu_scores_as_the_cpu_does(home, tmp_path):
     assert worker.poll() is not None  # gone with close(), its context with it
     assert len(gpu.argmax) == len(output) == len(gpu.margins)
     # FP32 on both, summed in other orders: the argmax agrees wherever it is not a near tie.
-    lp_cpu = RefspecScorer(str(folder), h.cache).logprobs(prompt, output)
+    lp_cpu = here.logprobs(prompt, output)
     top2 = lp_cpu.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1] > 1e-3).tolist()
     assert sum(clear) > len(output) // 2
@@ -53,7 +54,4 @@ def test_the_worker_on_a_gpu_scores_as_the_cpu_does(home, tmp_path):
         a for a, c in zip(cpu.argmax, clear, strict=True) if c
     ]
     assert gpu.margins == pytest.approx(cpu.margins, abs=1e-3)
-    assert gap == pytest.approx(
-        RefspecScorer(str(folder), h.cache).logprob_gap(prompt, output[:5], output[5], cpu.argmax[5]),
-        abs=1e-3,
-    )
+    assert gap == pytest.approx(here.logprob_gap(prompt, output[:5], output[5], cpu.argmax[5]), abs=1e-3)
