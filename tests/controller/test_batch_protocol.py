@@ -111,7 +111,7 @@ def test_a_system_that_breaks_the_group_protocol_fails(tmp_path, how, message):
 
 TINY_BATCH = "smollm-batch-tiny"
 VERIFY = "        lo, hi = min(passes), max(passes) + 1\n"
-BURN = "        _t = __import__('time'); _end = _t.thread_time() + 0.06\n        while _t.thread_time() < _end: pass\n"
+BURN = "        _t = __import__('time'); _end = _t.thread_time() + 0.15\n        while _t.thread_time() < _end: pass\n"
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def batch_judged(tmp_path_factory):
     text = text.replace("max_new_tokens = 32", "max_new_tokens = 16")
     text = re.sub(
         r"(?m)^blocks = .*\n^budget_s = .*\n^max_blocks = .*$",
-        "blocks = 3\nbudget_s = 75\nmax_blocks = 6\naudit_positions = 96",  # the timed outputs: 6 x 16
+        "blocks = 3\nbudget_s = 240\nmax_blocks = 8\naudit_positions = 96",  # the timed outputs: 6 x 16
         text,
     )
     home.deployments.mkdir(parents=True, exist_ok=True)
@@ -150,8 +150,12 @@ def test_batch_phase0_measures_stock_over_ar_by_batch_size(batch_judged):
 
 
 def test_batch_compare_approves_a_cheaper_batched_step(batch_judged):
-    """A baseline burning 60 ms in every batched verification step against stock: the gain is the
-    groups' throughput ratio, and the approval's audit reads each group's requests one by one."""
+    """A baseline burning 150 ms in every batched verification step against stock: the gain is the
+    groups' throughput ratio, and the approval's audit reads each group's requests one by one.
+
+    The gain (1.75-1.91 here) stands well clear of a noisy hour's bar (Phase 0's σ reached 5.9% on CI: bar
+    12.7%), and the budget leaves a slow machine room for more looks: with 75 s the first look was
+    also the last, so one disturbed block of three rejected it."""
     from specpilot import controller
 
     home, dep, ws, _ = batch_judged
