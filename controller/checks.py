@@ -49,6 +49,14 @@ Each finding is an integrity violation: the comparison gets no approval, and the
   finding, as its CPU work outside its turns is. So is a single turn after which its kernels
   outlasted the drain (`DRAIN_S`) with nothing else on the GPU: that makes a disturbance, which
   sets the block aside, and a candidate that could set blocks aside would choose which count.
+- It gained once the requests repeated (`repeat_gain`, comparisons only): every block serves the
+  one draw of its comparison, so a request's first serve is in the first round and every later one
+  is a repeat. Fresh processes and the jail leave a system nothing of an earlier block's, except
+  through the machine's shared state (the page-cache residency of a read-only file: evicted by one
+  process, probed by the next); a system that carried its answers so would draft them on repeats
+  and run faster there only. Its gain in the later rounds above the first round's by
+  `REPEAT_FLOOR`, significant at `REPEAT_ALPHA`, is a finding. It does not see a carry from one
+  comparison to another on the prompts both drew (docs/ARCHITECTURE.md: fresh draws per block).
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ from scipy import stats
 
 from .gpu_load import DRAIN_S
 from .paired import PairedRun
+from .stats import block_logs
 
 CPU_SHARE_LIMIT = 1.05  # CPU seconds per wall second a one-core system may use (accounting slack)
 READY_FACTOR, READY_SLACK_S = 1.5, 5.0  # B may take this much longer than A to be ready (s, CPU-s)
@@ -75,6 +84,8 @@ CARRYOVER_FLOOR = 0.01
 CARRYOVER_ALPHA = 0.01  # ... and only where the excess is this unlikely without one
 CLOCK_SPLIT = 0.03  # the baseline's median SM clock in its turns may be this much below the candidate's
 QUEUED_SLACK = 2  # turns B's kernels may run past its answer beyond UNTIMED_FACTOR × A's
+REPEAT_FLOOR = 0.03  # B's log gain on repeated requests may exceed its first serves' by this ...
+REPEAT_ALPHA = 0.001  # ... and only where the excess is this unlikely without a carry
 
 
 def violations(run: PairedRun) -> list[str]:
@@ -181,6 +192,29 @@ def carryover(run: PairedRun) -> list[str]:
         return [f"the baseline ran {math.expm1(ca):.1%} slower right after the candidate's turns than after its own, "
                 f"the candidate {math.expm1(cb):+.1%} after the baseline's (excess {excess:.1%} ± {se:.1%}): the "
                 "candidate's work runs on into the baseline's turns"]  # fmt: skip
+    return []
+
+
+def repeat_gain(run: PairedRun) -> list[str]:
+    """B's gain over A in the later rounds (repeats of the draw) against the first round's (each
+    request's first serve), quiet blocks only (the first round's all, where none of them is quiet: a
+    system that could set them aside would otherwise hide its first serves); the spread pooled within
+    the two groups (the later one's alone while the first has one block); too few blocks: no finding."""
+    rounds = list(zip(run.block_rounds, run.blocks, run.block_disturbances, strict=True))
+    first = [b for r, b, d in rounds if r == 0 and not d] or [b for r, b, _ in rounds if r == 0]
+    later = [b for r, b, d in rounds if r > 0 and not d]
+    if not first or len(later) < 2:
+        return []
+    first, later = block_logs(first), block_logs(later)
+    groups = [g for g in (first, later) if len(g) > 1]
+    dof = sum(len(g) - 1 for g in groups)
+    sd = math.sqrt(sum(float(((g - g.mean()) ** 2).sum()) for g in groups) / dof)
+    excess, se = float(later.mean() - first.mean()), sd * math.sqrt(1 / len(first) + 1 / len(later))
+    if excess > REPEAT_FLOOR and excess > float(stats.t.ppf(1 - REPEAT_ALPHA, dof)) * se:
+        return [f"the candidate gained {math.expm1(float(later.mean())):+.1%} on the requests it had served before "
+                f"against {math.expm1(float(first.mean())):+.1%} on their first serve (excess {excess:.1%} ± {se:.1%}, "
+                f"{len(first)} and {len(later)} blocks): a system that runs faster on repeats carries something "
+                "from one process to the next"]  # fmt: skip
     return []
 
 

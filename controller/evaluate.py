@@ -220,6 +220,7 @@ def compare(
         if (
             run.violations
             or checks.violations(run)
+            or checks.repeat_gain(run)
             or len(run.blocks) - len(quiet) > max(1, MAX_DISTURBED * len(run.blocks))
         ):
             return False
@@ -252,7 +253,7 @@ def compare(
                       0.0, [reason], {"log_tail": getattr(f.error, "log_tail", ""), "draw": draw})  # fmt: skip
     quiet = quiet_blocks(run)
     changed = run.changes_output()
-    fatal = [f"integrity: {v}" for v in run.violations + checks.violations(run)]
+    fatal = [f"integrity: {v}" for v in run.violations + checks.violations(run) + checks.repeat_gain(run)]
     fatal += [f"integrity: {v}" for v in checks.baseline_slowed(run, record, draw["sources"])]
     set_aside = len(run.blocks) - len(quiet)
     if set_aside > max(1, MAX_DISTURBED * len(run.blocks)) or (set_aside and len(quiet) < MIN_LOOK):

@@ -51,6 +51,7 @@ class PairedRun:
     outputs: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # label -> id -> tokens
     periods: list[PeriodResult] = field(default_factory=list)
     block_disturbances: list[list[str]] = field(default_factory=list)  # per block
+    block_rounds: list[int] = field(default_factory=list)  # per block: its round (0: first serves)
     violations: list[str] = field(default_factory=list)  # what the systems did that they must not
     warmup_ids: set[str] = field(default_factory=set)  # the warm-up requests: served, never timed
 
@@ -111,7 +112,7 @@ def paired_run(
     per_slot = block_unit(design, any(isinstance(r, Group) for r in measured)) == "slot"
     with open(raw, "a") as fh:
         for _ in range(rounds):
-            b = len(run.blocks)
+            b, round_no = len(run.blocks), (run.block_rounds[-1] + 1 if run.block_rounds else 0)
             rng = random.Random(f"{seed}:{b}")
             periods = serve(
                 adapter, trees, list(slots), warm, measured, logs, b, rng, progress, check_trees, own
@@ -128,6 +129,7 @@ def paired_run(
                     else _block_pairs(block, served)
                 )
                 run.block_disturbances.append([d for p in block for d in p.disturbances])
+                run.block_rounds.append(round_no)
             fh.flush()
             run.periods += periods
             run.violations += _record_outputs(run, periods, measured)

@@ -249,6 +249,55 @@ def test_work_while_not_timed_is_a_violation(judged):
     assert logs and all("stderr is pipe:[" in log.read_text() for log in logs)
 
 
+# A file no system reads: the residency of its pages in the machine's page cache is what a jailed
+# process can leave behind for the next one (a read that fails rather than wait for the disk tells
+# whether a page is cached; evicting one needs only read access).
+CHANNEL = Path(__import__("pydoc_data.topics").topics.__file__)
+PAGES = CHANNEL.stat().st_size // 4096
+CARRY = f"""        _os = __import__("os")
+        self._at = __import__("zlib").crc32(str(input_ids).encode()) % {PAGES} * 4096
+        _fd = _os.open({str(CHANNEL)!r}, _os.O_RDONLY)
+        _os.posix_fadvise(_fd, 0, 0, _os.POSIX_FADV_RANDOM)  # a miss reads back that page alone, no neighbours
+        try:
+            self._seen = not _os.preadv(_fd, [bytearray(1)], self._at, _os.RWF_NOWAIT)
+        except BlockingIOError:
+            self._seen = True  # evicted: a process before this one served this prompt
+        _os.close(_fd)
+"""
+MARK = f"""        _os = __import__("os")
+        _fd = _os.open({str(CHANNEL)!r}, _os.O_RDONLY)
+        _os.posix_fadvise(_fd, self._at, 4096, _os.POSIX_FADV_DONTNEED)  # (a probe's miss may read it back in)
+        _os.close(_fd)
+"""
+
+
+def test_a_candidate_faster_on_requests_it_served_before_is_caught(judged):
+    """The page-cache channel through the jail, used as a replay would: the candidate marks each
+    prompt it serves by evicting a page of CHANNEL picked by the prompt's hash (at every step), and skips the
+    baseline's per-step cost on a prompt whose page it finds evicted. Every block serves the same
+    draw, so it runs as the baseline on each request's first serve and faster on every repeat (a
+    candidate carrying its answers would draft them there). The repeat check names it."""
+    home, dep, ws, _ = judged
+    base = _sleepy(ws, "sleepy-always", burn_s=0.08)
+    burn = "".join("    " + line + "\n" for line in _burn(0.08).splitlines())
+
+    def carry(t: Path) -> None:
+        _replace(
+            t / GENERATE,
+            "        check_prompt(input_ids, self.model.args.vocab)\n",
+            "        check_prompt(input_ids, self.model.args.vocab)\n" + CARRY,
+        )
+        _replace(t / GENERATE, STEP, MARK + "        if not self._seen:\n" + burn + STEP)  # fmt: skip
+
+    cand = _candidate(ws, "repeat-carrier", carry, base="system")
+    CHANNEL.read_bytes()  # every page cached: nothing served yet
+    ev = controller.compare(dep, home, base, cand, blocks=6)  # three rounds of a block per core
+    assert not ev.approved
+    assert any("on the requests it had served before" in r for r in ev.reasons), ev.reasons
+    first, later = ev.evidence["block_gains"][:2], ev.evidence["block_gains"][2:]
+    assert max(first) < 1.1 < 1.3 < min(later), ev.evidence["block_gains"]  # the channel carried
+
+
 def test_planted_defect_is_rejected_by_the_audit(judged):
     """fixtures/planted_defect.patch: a small bias added to some logits before the verify argmax,
     on a candidate that is also faster (against a sleep-slowed baseline), so only the audit stops it.
