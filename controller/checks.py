@@ -55,8 +55,10 @@ Each finding is an integrity violation: the comparison gets no approval, and the
   through the machine's shared state (the page-cache residency of a read-only file: evicted by one
   process, probed by the next); a system that carried its answers so would draft them on repeats
   and run faster there only. Its gain in the later rounds above the first round's by
-  `REPEAT_FLOOR`, significant at `REPEAT_ALPHA`, is a finding. It does not see a carry from one
-  comparison to another on the prompts both drew (docs/ARCHITECTURE.md: fresh draws per block).
+  `REPEAT_FLOOR`, significant at `REPEAT_ALPHA` (the spread pooled with Phase 0's A/A blocks'), is
+  a finding. It does not see a carry under the floor, one on a changing subset of the requests
+  (hidden in the blocks' spread), or one from a comparison to a later one on the prompts both drew
+  (docs/ARCHITECTURE.md: the fix is a fresh draw per block).
 """
 
 from __future__ import annotations
@@ -195,20 +197,24 @@ def carryover(run: PairedRun) -> list[str]:
     return []
 
 
-def repeat_gain(run: PairedRun) -> list[str]:
+def repeat_gain(run: PairedRun, aa: tuple[float, int] = (0.0, 0)) -> list[str]:
     """B's gain over A in the later rounds (repeats of the draw) against the first round's (each
     request's first serve), quiet blocks only (the first round's all, where none of them is quiet: a
-    system that could set them aside would otherwise hide its first serves); the spread pooled within
-    the two groups (the later one's alone while the first has one block); too few blocks: no finding."""
+    system that could set them aside would otherwise hide its first serves). The spread is pooled
+    within the two groups and with `aa` (the A/A blocks' pooled sd of log gains and its degrees of
+    freedom: Phase 0's noise), so a run of three blocks, one of them first, can tell; no spread to
+    pool at all, or no repeat block: no finding."""
     rounds = list(zip(run.block_rounds, run.blocks, run.block_disturbances, strict=True))
     first = [b for r, b, d in rounds if r == 0 and not d] or [b for r, b, _ in rounds if r == 0]
     later = [b for r, b, d in rounds if r > 0 and not d]
-    if not first or len(later) < 2:
+    if not first or not later:
         return []
     first, later = block_logs(first), block_logs(later)
-    groups = [g for g in (first, later) if len(g) > 1]
-    dof = sum(len(g) - 1 for g in groups)
-    sd = math.sqrt(sum(float(((g - g.mean()) ** 2).sum()) for g in groups) / dof)
+    dof = sum(len(g) - 1 for g in (first, later)) + aa[1]
+    if dof < 1:
+        return []
+    ss = sum(float(((g - g.mean()) ** 2).sum()) for g in (first, later)) + aa[0] ** 2 * aa[1]
+    sd = math.sqrt(ss / dof)
     excess, se = float(later.mean() - first.mean()), sd * math.sqrt(1 / len(first) + 1 / len(later))
     if excess > REPEAT_FLOOR and excess > float(stats.t.ppf(1 - REPEAT_ALPHA, dof)) * se:
         return [f"the candidate gained {math.expm1(float(later.mean())):+.1%} on the requests it had served before "

@@ -212,6 +212,7 @@ def compare(
     c = dep.controller
     budget = c.budget_s if budget_s is None else max(0.0, min(c.budget_s, budget_s))
     sd = float(noise["pooled_sd"])
+    aa = (sd, int(noise.get("df") or 0))  # the A/A spread, for checks.repeat_gain
     state: dict[str, Any] = {}
 
     def keep_going(run: PairedRun, elapsed: float) -> bool:
@@ -220,7 +221,7 @@ def compare(
         if (
             run.violations
             or checks.violations(run)
-            or checks.repeat_gain(run)
+            or checks.repeat_gain(run, aa)
             or len(run.blocks) - len(quiet) > max(1, MAX_DISTURBED * len(run.blocks))
         ):
             return False
@@ -253,7 +254,7 @@ def compare(
                       0.0, [reason], {"log_tail": getattr(f.error, "log_tail", ""), "draw": draw})  # fmt: skip
     quiet = quiet_blocks(run)
     changed = run.changes_output()
-    fatal = [f"integrity: {v}" for v in run.violations + checks.violations(run) + checks.repeat_gain(run)]
+    fatal = [f"integrity: {v}" for v in run.violations + checks.violations(run) + checks.repeat_gain(run, aa)]
     fatal += [f"integrity: {v}" for v in checks.baseline_slowed(run, record, draw["sources"])]
     set_aside = len(run.blocks) - len(quiet)
     if set_aside > max(1, MAX_DISTURBED * len(run.blocks)) or (set_aside and len(quiet) < MIN_LOOK):

@@ -52,13 +52,27 @@ def test_a_large_carry_is_found_within_a_few_rounds(per_round, rounds):
     assert repeat_gain(_run(1, gain=1.0, repeat=1.5, rounds=rounds, per_round=per_round))
 
 
+def test_the_aa_spread_lets_three_blocks_tell():
+    """A one-block round (interleaved, a GPU's design) decided at the first look has three blocks:
+    alone they leave one degree of freedom; with Phase 0's A/A spread pooled in, the carry shows."""
+    run = _run(1, gain=1.0, repeat=1.5, rounds=3, per_round=1)
+    assert repeat_gain(run) == []
+    assert repeat_gain(run, aa=(0.01, 8))
+    assert repeat_gain(_run(1, gain=1.3, rounds=3, per_round=1), aa=(0.01, 8)) == []
+
+
 def test_an_honest_gain_is_no_finding_at_the_false_alarm_rate():
     """Honest candidates, a gain the same on every serve: findings no more often than REPEAT_ALPHA
     allows (the floor makes them rarer still), over run lengths the judge takes."""
-    alarms = sum(
-        bool(repeat_gain(_run(seed, gain=1.3, rounds=2 + seed % 6, noise=0.03))) for seed in range(2000)
-    )
-    assert alarms <= 2000 * REPEAT_ALPHA + 2, alarms
+    # the run's own spread alone, and pooled with an A/A's as large (block sd: 0.03 · √2 / √4 requests)
+    for aa in [(0.0, 0), (0.02, 8)]:
+        alarms = sum(
+            bool(
+                repeat_gain(_run(seed, gain=1.3, rounds=2 + seed % 6, per_round=1 + seed % 2, noise=0.03), aa)
+            )
+            for seed in range(2000)
+        )
+        assert alarms <= 2000 * REPEAT_ALPHA + 2, (aa, alarms)
 
 
 def test_a_carry_under_the_floor_is_no_finding_however_sure():
@@ -70,8 +84,8 @@ def test_a_carry_under_the_floor_is_no_finding_however_sure():
 
 
 def test_too_few_blocks_tell_nothing():
-    assert repeat_gain(_run(3, gain=1.0, repeat=2.0, rounds=1)) == []  # no repeat yet
-    assert repeat_gain(_run(3, gain=1.0, repeat=2.0, rounds=2, per_round=1)) == []  # one repeat block
+    assert repeat_gain(_run(3, gain=1.0, repeat=2.0, rounds=1), aa=(0.01, 8)) == []  # no repeat yet
+    assert repeat_gain(_run(3, gain=1.0, repeat=2.0, rounds=2, per_round=1)) == []  # no spread to pool
 
 
 def test_a_first_round_set_aside_still_counts_as_the_first_serves():
