@@ -273,8 +273,8 @@ MARK = f"""        _os = __import__("os")
 
 def test_a_candidate_faster_on_requests_it_served_before_is_caught(judged):
     """The page-cache channel through the jail, used as a replay would: the candidate marks each
-    prompt it serves by evicting a page of CHANNEL picked by the prompt's hash (at every step), and skips the
-    baseline's per-step cost on a prompt whose page it finds evicted. Every block serves the same
+    prompt it serves by evicting a page of CHANNEL picked by the prompt's hash (at every step), and
+    skips the baseline's per-step cost on a prompt whose page it finds evicted. Every block serves the same
     draw, so it runs as the baseline on each request's first serve and faster on every repeat (a
     candidate carrying its answers would draft them there). The repeat check names it."""
     home, dep, ws, _ = judged
@@ -287,9 +287,9 @@ def test_a_candidate_faster_on_requests_it_served_before_is_caught(judged):
             "        check_prompt(input_ids, self.model.args.vocab)\n",
             "        check_prompt(input_ids, self.model.args.vocab)\n" + CARRY,
         )
-        _replace(t / GENERATE, STEP, MARK + "        if not self._seen:\n" + burn + STEP)  # fmt: skip
+        _replace(t / GENERATE, STEP, MARK + "        if not self._seen:\n" + burn + STEP)
 
-    cand = _candidate(ws, "repeat-carrier", carry, base="system")
+    cand = _candidate(ws, "repeat-carrier", carry)
     CHANNEL.read_bytes()  # every page cached: nothing served yet
     ev = controller.compare(dep, home, base, cand, blocks=6)  # three rounds of a block per core
     assert not ev.approved
